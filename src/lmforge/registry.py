@@ -1,0 +1,48 @@
+"""Name → implementation registries used by recipes (models, objectives, tasks, adapters, evals)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from difflib import get_close_matches
+from typing import Generic, TypeVar
+
+from lmforge.errors import LMForgeError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A mapping from recipe names to classes or factories, with helpful lookup errors."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            hint = get_close_matches(name, self._items, n=1)
+            tip = f" — did you mean '{hint[0]}'?" if hint else f" (known: {', '.join(sorted(self._items))})"
+            raise LMForgeError(f"unknown {self.kind} '{name}'{tip}")
+        return self._items[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+
+MODELS: Registry = Registry("model preset")
+OBJECTIVES: Registry = Registry("objective")
+TASKS: Registry = Registry("task")
+ADAPTERS: Registry = Registry("adapter")
+EVALS: Registry = Registry("eval")
