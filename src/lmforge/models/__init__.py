@@ -1,0 +1,9 @@
+"""Models: one config, one stack, presets, Hugging Face conversion."""
+
+from lmforge.models import presets as _presets  # noqa: F401  (registers presets)
+from lmforge.models.config import ModelConfig
+from lmforge.models.layers import KVCache
+from lmforge.models.model import ModelOutput, Transformer
+from lmforge.models.presets import get_preset
+
+__all__ = ["KVCache", "ModelConfig", "ModelOutput", "Transformer", "get_preset"]

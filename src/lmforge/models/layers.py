@@ -1,0 +1,206 @@
+"""Building blocks of the one transformer stack: norms, attention (self and cross, KV cache), MLPs, the block."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.models.config import ModelConfig
+from lmforge.models.positions import RotaryEmbedding, ShawRelativePosition
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (T5, Llama): no mean subtraction, no bias; statistics in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
+    dim = dim or cfg.d_model
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps)
+
+
+def activation_fn(name: str):
+    """The elementwise nonlinearity (the gate's, for gated MLPs)."""
+    if name in ("gelu_tanh", "geglu"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    if name in ("silu", "swiglu"):
+        return F.silu
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unknown activation {name}")
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward; gated variants (SwiGLU, GeGLU; Shazeer 2020) multiply act(gate) by up."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gated = cfg.gated
+        self.act = activation_fn(cfg.activation)
+        if self.gated:
+            self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.gate(x)) * self.up(x) if self.gated else self.act(self.up(x))
+        return self.down(h)
+
+
+class KVCache:
+    """Per-layer key/value cache for incremental decoding; cross-attention keys/values are computed once."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+        self.cross_kv: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        kv = self.self_kv[0]
+        return 0 if kv is None else kv[0].shape[2]
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        past = self.self_kv[layer]
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # (B, KV, T_past + T, hd)
+            v = torch.cat([past[1], v], dim=2)
+        self.self_kv[layer] = (k, v)
+        return k, v
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search)."""
+        for store in (self.self_kv, self.cross_kv):
+            for i, kv in enumerate(store):
+                if kv is not None:
+                    store[i] = (kv[0].index_select(0, index), kv[1].index_select(0, index))
+
+
+@dataclass
+class AttnInputs:
+    """What every layer of a stack shares for one forward: masks, additive biases, positions, cache."""
+
+    mask: Tensor | None = None
+    """Additive float mask (B|1, 1|H, Tq, Tk) incl. position biases, or None."""
+    is_causal: bool = False
+    """Use SDPA's built-in causal mask (only when mask is None and there is no cache offset)."""
+    positions: Tensor | None = None
+    """Absolute query positions (Tq,) or (B, Tq) — for RoPE and Shaw relative positions."""
+    key_positions: Tensor | None = None
+    cache: KVCache | None = None
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention over SDPA (flash or memory-efficient kernels when eligible)."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.kv_heads, cfg.dim_head
+        self.cross = cross
+        q_dim, kv_dim = self.n_heads * self.hd, self.n_kv * self.hd
+        if cross:
+            self.q = nn.Linear(cfg.d_model, q_dim, bias=cfg.bias)
+            self.kv = nn.Linear(cfg.d_model, 2 * kv_dim, bias=cfg.bias)
+        else:
+            # One fused projection: a single matmul for q, k and v.
+            self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.bias)
+        self.o = nn.Linear(q_dim, cfg.d_model, bias=cfg.bias)
+        self.scale = 1.0 / math.sqrt(self.hd) if cfg.scale_attention else 1.0
+        self.attn_dropout = cfg.attn_dropout
+        self.rope = RotaryEmbedding(self.hd, base=cfg.rope_base) if cfg.position == "rope" and not cross else None
+        self.shaw = (
+            ShawRelativePosition(self.hd, cfg.rel_max_distance) if cfg.position == "shaw" and not cross else None
+        )
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.hd).transpose(1, 2)  # (B, n, T, hd)
+
+    def forward(self, x: Tensor, inp: AttnInputs, layer: int, memory: Tensor | None = None) -> Tensor:
+        B, T, _ = x.shape
+        q_dim, kv_dim = self.n_heads * self.hd, self.n_kv * self.hd
+        if self.cross:
+            q = self._heads(self.q(x), self.n_heads)
+            cached = inp.cache.cross_kv[layer] if inp.cache is not None else None
+            if cached is None:
+                k, v = self.kv(memory).split(kv_dim, dim=-1)
+                k, v = self._heads(k, self.n_kv), self._heads(v, self.n_kv)
+                if inp.cache is not None:
+                    inp.cache.cross_kv[layer] = (k, v)
+            else:
+                k, v = cached
+        else:
+            q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
+            q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv), self._heads(v, self.n_kv)
+            if self.rope is not None:
+                q, k = self.rope(q, k, inp.positions)
+            if inp.cache is not None:
+                k, v = inp.cache.append(layer, k, v)
+        mask = inp.mask
+        if self.shaw is not None:
+            rel = self.shaw(q, inp.positions, inp.key_positions)  # (B, H, Tq, Tk), already scaled
+            mask = rel if mask is None else mask + rel
+        if self.n_kv != self.n_heads:  # grouped-query: each kv head serves n_heads // n_kv query heads
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            is_causal=inp.is_causal and mask is None and not self.cross,
+            scale=self.scale,
+        )  # (B, H, T, hd)
+        return self.o(y.transpose(1, 2).reshape(B, T, q_dim))
+
+
+class Block(nn.Module):
+    """One transformer layer: self-attention, optional cross-attention, MLP; pre- or post-LN residuals."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        self.pre = cfg.norm_position == "pre"
+        self.attn = Attention(cfg)
+        self.norm1 = make_norm(cfg)
+        if cross:
+            self.cross_attn = Attention(cfg, cross=True)
+            self.norm_cross = make_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.norm2 = make_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _residual(self, x: Tensor, norm: nn.Module, fn) -> Tensor:
+        if self.pre:
+            return x + self.dropout(fn(norm(x)))
+        return norm(x + self.dropout(fn(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        inp: AttnInputs,
+        layer: int,
+        memory: Tensor | None = None,
+        memory_inp: AttnInputs | None = None,
+    ) -> Tensor:
+        x = self._residual(x, self.norm1, lambda h: self.attn(h, inp, layer))
+        if memory is not None:
+            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(h, memory_inp, layer, memory))
+        return self._residual(x, self.norm2, self.mlp)

@@ -1,0 +1,153 @@
+"""The one block loop. Encoder = bidirectional mask, decoder = causal (or prefix-LM) mask, and a decoder stack of
+an encoder-decoder adds cross-attention over the encoder's output."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.models.config import MaskKind, ModelConfig
+from lmforge.models.layers import AttnInputs, Block, KVCache, make_norm
+from lmforge.models.positions import (
+    LearnedPositions,
+    T5RelativeBias,
+    alibi_bias,
+    alibi_slopes,
+    sinusoidal_table,
+)
+
+
+def allowed_keys(
+    kind: MaskKind,
+    q_len: int,
+    k_len: int,
+    q_offset: int,
+    key_padding: Tensor | None,
+    prefix_len: Tensor | None,
+    device: torch.device,
+) -> Tensor | None:
+    """Boolean (B|1, 1, Tq, Tk) mask of keys each query may attend to, or None when all are allowed."""
+    if kind == "bidirectional" and key_padding is None:
+        return None
+    q_pos = torch.arange(q_len, device=device)[:, None] + q_offset  # (Tq, 1)
+    k_pos = torch.arange(k_len, device=device)[None, :]  # (1, Tk)
+    if kind == "bidirectional":
+        ok = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
+    else:
+        ok = (k_pos <= q_pos)[None, None]  # causal
+        if kind == "prefix":
+            if prefix_len is None:
+                raise ValueError("a prefix-LM mask needs prefix_len")
+            # Keys inside the prefix are visible to every query (T5 §3.2.1, UniLM).
+            ok = ok | (k_pos[None, None] < prefix_len.to(device)[:, None, None, None])
+    if key_padding is not None:
+        ok = ok & key_padding.bool()[:, None, None, :]
+    return ok
+
+
+class Stack(nn.Module):
+    """Embedding post-processing (positions, segments, norm, factorised projection) + the block loop."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int, kind: MaskKind, cross: bool) -> None:
+        super().__init__()
+        self.cfg, self.kind, self.n_layers = cfg, kind, n_layers
+        emb_dim = cfg.embedding_dim or cfg.d_model
+        if cfg.position == "learned":
+            self.pos_emb = LearnedPositions(cfg.max_seq_len + cfg.position_offset, emb_dim)
+        if cfg.type_vocab_size:
+            self.type_emb = nn.Embedding(cfg.type_vocab_size, emb_dim)
+        if cfg.embedding_norm:
+            self.emb_norm = make_norm(cfg, emb_dim)
+        if emb_dim != cfg.d_model:  # ALBERT: factorised embeddings, E -> d_model
+            self.emb_proj = nn.Linear(emb_dim, cfg.d_model)
+        if cfg.position == "t5_bias":
+            self.rel_bias = T5RelativeBias(
+                cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional=kind == "bidirectional"
+            )
+        if cfg.position == "alibi":
+            self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        # ALBERT cross-layer sharing: one block applied n_layers times.
+        self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
+        if cfg.final_norm:
+            self.final_norm = make_norm(cfg)
+
+    def embed(self, x: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        """Add positions and segments to token embeddings x (B, T, E) and map to d_model."""
+        cfg = self.cfg
+        if cfg.scale_embeddings:
+            x = x * math.sqrt(cfg.d_model)
+        if cfg.position == "learned":
+            x = x + self.pos_emb(positions + cfg.position_offset)
+        elif cfg.position == "sinusoidal":
+            n = int(positions.max()) + 1
+            x = x + sinusoidal_table(n, x.shape[-1]).to(x.device, x.dtype)[positions]
+        if cfg.type_vocab_size:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(x[..., 0], dtype=torch.long)
+            x = x + self.type_emb(token_type_ids)
+        if cfg.embedding_norm:
+            x = self.emb_norm(x)
+        x = self.dropout(x)
+        return self.emb_proj(x) if hasattr(self, "emb_proj") else x
+
+    def _self_inputs(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        key_padding: Tensor | None,
+        prefix_len: Tensor | None,
+        cache: KVCache | None,
+    ) -> AttnInputs:
+        B, T, _ = x.shape
+        offset = cache.length if cache is not None else 0
+        k_len = offset + T
+        key_positions = torch.arange(k_len, device=x.device)
+        bias = None
+        if self.cfg.position == "t5_bias":
+            bias = self.rel_bias(T, k_len, q_offset=offset)  # (1, H, T, Tk)
+        elif self.cfg.position == "alibi":
+            q_pos = key_positions[offset:]
+            bias = alibi_bias(self.slopes, q_pos, key_positions, self.kind != "bidirectional")[None]
+        if self.kind == "causal" and key_padding is None and bias is None and (offset == 0 or T == 1):
+            # No explicit mask: SDPA's causal path (flash attention on GPU); one new token sees every key.
+            return AttnInputs(None, offset == 0, positions, key_positions, cache)
+        ok = allowed_keys(self.kind, T, k_len, offset, key_padding, prefix_len, x.device)
+        mask = None
+        if ok is not None:
+            # A large negative number rather than -inf keeps fully masked (padding) rows finite.
+            neg = torch.finfo(x.dtype).min
+            mask = torch.zeros(ok.shape, dtype=x.dtype, device=x.device).masked_fill(~ok, neg)
+        if bias is not None:
+            bias = bias.to(x.dtype)
+            mask = bias if mask is None else (mask + bias).clamp(min=torch.finfo(x.dtype).min)
+        return AttnInputs(mask, False, positions, key_positions, cache)
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        *,
+        token_type_ids: Tensor | None = None,
+        key_padding: Tensor | None = None,
+        prefix_len: Tensor | None = None,
+        cache: KVCache | None = None,
+        memory: Tensor | None = None,
+        memory_padding: Tensor | None = None,
+    ) -> Tensor:
+        """x: token embeddings (B, T, E); positions: (T,) or (B, T); key_padding: (B, T_past + T), 1 = real token."""
+        h = self.embed(x, positions, token_type_ids)
+        inp = self._self_inputs(h, positions, key_padding, prefix_len, cache)
+        mem_inp = None
+        if memory is not None:
+            mem_mask = None
+            if memory_padding is not None:
+                mem_mask = torch.zeros(memory_padding.shape, dtype=h.dtype, device=h.device)
+                mem_mask = mem_mask.masked_fill(~memory_padding.bool(), torch.finfo(h.dtype).min)[:, None, None, :]
+            mem_inp = AttnInputs(mem_mask, False, cache=cache)
+        for i in range(self.n_layers):
+            block = self.blocks[0 if self.cfg.share_layers else i]
+            h = block(h, inp, i, memory, mem_inp)
+        return self.final_norm(h) if self.cfg.final_norm else h
