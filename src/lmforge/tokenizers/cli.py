@@ -1,0 +1,109 @@
+"""Functions behind ``lmforge tokenizer train`` and ``lmforge tokenizer encode``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+from lmforge.tokenizers.core import Tokenizer
+from lmforge.tokenizers.specials import Family, Kind
+from lmforge.tokenizers.train import train_tokenizer
+
+
+def check_input_file(path: Path) -> Path:
+    """``path`` as a Path, or an LMForgeError when it is missing or not a regular file."""
+    path = Path(path)
+    if not path.exists():
+        raise LMForgeError(f"input file not found: {path}")
+    if path.is_dir():
+        raise LMForgeError(f"input {path} is a directory, expected a text file")
+    if not path.is_file():
+        raise LMForgeError(f"input {path} is not a regular file")
+    return path
+
+
+def iter_texts(path: Path) -> Iterator[str]:
+    """Texts of a file: lines of plain text, or the "text" field of each JSON line of a ``.jsonl`` file.
+
+    Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run.
+    """
+    # newline="" keeps "\r\n" and "\n" as written, so the vocabulary sees the real line endings.
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        if path.suffix.lower() != ".jsonl":
+            yield from fh
+            return
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LMForgeError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+            text = record.get("text") if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise LMForgeError(f"{path}:{lineno}: expected an object with a string 'text' field")
+            yield text
+
+
+def cmd_train(
+    inputs: Sequence[Path],
+    out: Path,
+    kind: Kind,
+    vocab_size: int,
+    family: Family | None = None,
+    min_frequency: int = 2,
+) -> dict:
+    """Train a tokenizer on text files, save it to ``out`` and print and return a summary."""
+    if not inputs:
+        raise LMForgeError("no input files given")
+    files = [check_input_file(p) for p in inputs]
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise LMForgeError(f"output {out} is a file, expected a directory")
+    n_chars = 0
+
+    def texts() -> Iterator[str]:
+        nonlocal n_chars
+        for f in files:
+            for text in iter_texts(f):
+                n_chars += len(text)
+                yield text
+
+    stream = texts()
+    first = next((t for t in stream if t), None)  # fail before training when every file is empty
+    if first is None:
+        raise LMForgeError(f"no text in the input files: {', '.join(map(str, files))}")
+    tok = train_tokenizer(itertools.chain([first], stream), kind, vocab_size, family, min_frequency)
+    tok.save(out)
+    summary = {
+        "out": str(out),
+        "kind": tok.kind,
+        "family": tok.family,
+        "vocab_size": tok.vocab_size,
+        "files": len(files),
+        "chars": n_chars,
+        "special_tokens": tok.special_tokens,
+    }
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    return summary
+
+
+def cmd_encode(tokenizer_path: Path, text: str | None = None, file: Path | None = None) -> list[int]:
+    """Encode ``text`` or the contents of ``file``; print the ids and their tokens, return the ids."""
+    if (text is None) == (file is None):
+        raise LMForgeError("give exactly one of a text or --file to encode")
+    if file is not None:
+        path = check_input_file(file)
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        if not text:
+            raise LMForgeError(f"nothing to encode: {path} is empty")
+    elif not text:
+        raise LMForgeError("nothing to encode: the text is empty")
+    tok = Tokenizer.load(tokenizer_path)
+    ids = tok.encode(text)
+    print("ids:", " ".join(map(str, ids)))
+    print("tokens:", json.dumps([tok.id_to_token(i) for i in ids], ensure_ascii=False))
+    return ids

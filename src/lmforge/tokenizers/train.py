@@ -1,0 +1,180 @@
+"""Train BPE (GPT-2 style), WordPiece (BERT style) and Unigram (SentencePiece/T5 style) tokenizers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import tokenizers
+
+from lmforge.errors import LMForgeError
+from lmforge.tokenizers.core import Tokenizer
+from lmforge.tokenizers.specials import DEFAULT_FAMILY, FAMILIES, KINDS, SPECS, Family, FamilySpec, Kind
+
+N_BYTES = 256
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    kind: Kind,
+    vocab_size: int,
+    family: Family | None = None,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> Tokenizer:
+    """Learn a ``vocab_size``-token vocabulary (special tokens included) from ``texts``.
+
+    ``family`` picks the special tokens and their ids; None means the kind's usual family
+    (bpe -> gpt, wordpiece -> bert, unigram -> t5). ``min_frequency`` is the least count a merge
+    needs (BPE and WordPiece; Unigram prunes by likelihood instead).
+    """
+    family = family or DEFAULT_FAMILY.get(kind)  # type: ignore[assignment]
+    _check_args(kind, vocab_size, family, min_frequency)
+    spec = SPECS[family] if kind == "bpe" else SPECS[family].with_unk()
+    learned = vocab_size - len(spec.trailing)  # trailing specials are appended after training
+    if kind == "bpe" and learned < len(spec.leading) + N_BYTES:
+        raise LMForgeError(
+            f"vocab_size {vocab_size} is too small for a bpe tokenizer of family {family}: the "
+            f"{N_BYTES} byte tokens and {_plural(len(spec.tokens), 'special token')} need at least "
+            f"{N_BYTES + len(spec.tokens)}"
+        )
+    backend = _pipeline(kind, spec)
+    trainer = _trainer(kind, learned, spec, min_frequency, show_progress)
+    counter = _CharCounter(texts)
+    try:
+        backend.train_from_iterator(counter, trainer)
+    except LMForgeError:
+        raise
+    except Exception as e:
+        if "not large enough" in str(e):  # UnigramTrainer: fewer slots than distinct characters
+            raise LMForgeError(
+                f"vocab_size {vocab_size} is too small: the training text has more distinct characters"
+            ) from e
+        raise LMForgeError(f"tokenizer training failed: {str(e).strip().splitlines()[0]}") from e
+    if counter.chars == 0:
+        raise LMForgeError("no training text: every input text is empty")
+    _check_size(backend.get_vocab_size(with_added_tokens=True), learned, vocab_size, kind)
+    # Added in increasing id order after the learned vocab (T5: <extra_id_99> ... <extra_id_0>).
+    backend.add_special_tokens([_added(t, spec) for t in spec.trailing])
+    backend.post_processor = _post_processor(kind, spec, backend)
+    return Tokenizer(backend, spec.roles, family)
+
+
+def _check_args(kind: str, vocab_size: int, family: str | None, min_frequency: int) -> None:
+    if kind not in KINDS:
+        raise LMForgeError(f"unknown tokenizer kind '{kind}' (known: {', '.join(KINDS)})")
+    if family not in FAMILIES:
+        raise LMForgeError(f"unknown tokenizer family '{family}' (known: {', '.join(FAMILIES)})")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise LMForgeError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
+        raise LMForgeError(f"min_frequency must be an integer >= 1, got {min_frequency!r}")
+    if vocab_size <= len(SPECS[family].tokens) + 1:
+        raise LMForgeError(
+            f"vocab_size {vocab_size} is too small: family {family} alone has "
+            f"{_plural(len(SPECS[family].tokens), 'special token')}"
+        )
+
+
+def _check_size(got: int, learned: int, vocab_size: int, kind: str) -> None:
+    """Fail unless training produced exactly the requested number of learned tokens."""
+    if got > learned:
+        raise LMForgeError(
+            f"vocab_size {vocab_size} is too small: the characters of the training text and the special "
+            f"tokens alone need {got + vocab_size - learned} entries"
+        )
+    if got < learned:
+        knobs = "vocab_size" if kind == "unigram" else "vocab_size or min_frequency"
+        raise LMForgeError(
+            f"the training text supports only {got + vocab_size - learned} tokens for a {kind} vocabulary, "
+            f"fewer than vocab_size {vocab_size}: lower {knobs}, or add text"
+        )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class _CharCounter:
+    """Passes texts through to the trainer while counting characters (to detect an empty corpus)."""
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts = texts
+        self.chars = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self._texts:
+            self.chars += len(text)
+            yield text
+
+
+def _added(token: str, spec: FamilySpec) -> tokenizers.AddedToken:
+    # normalized=False: "[MASK]" must match before BERT's lowercasing would turn it into "[mask]".
+    return tokenizers.AddedToken(token, special=True, normalized=False, lstrip=token in spec.lstrip)
+
+
+def _pipeline(kind: str, spec: FamilySpec) -> tokenizers.Tokenizer:
+    """An untrained tokenizer with the normalizer, pre-tokenizer and decoder of ``kind``."""
+    if kind == "bpe":
+        # GPT-2 (Radford et al. 2019 §2.2): BPE over bytes, so every string is encodable without unk.
+        tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tokenizers.decoders.ByteLevel()
+    elif kind == "wordpiece":
+        # BERT (Devlin et al. 2019): lowercased, split on whitespace and punctuation, "##" continuations.
+        tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token=spec.roles["unk"]))
+        tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+        tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+    else:
+        # SentencePiece unigram LM (Kudo 2018) as in T5: spaces become "▁", prepended to the first word.
+        tok = tokenizers.Tokenizer(tokenizers.models.Unigram())
+        tok.normalizer = tokenizers.normalizers.NFKC()
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = tokenizers.decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return tok
+
+
+def _trainer(kind: str, learned: int, spec: FamilySpec, min_frequency: int, show_progress: bool):
+    specials = [_added(t, spec) for t in spec.leading]
+    if kind == "bpe":
+        return tokenizers.trainers.BpeTrainer(
+            vocab_size=learned,
+            min_frequency=min_frequency,
+            special_tokens=specials,
+            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen or not
+            show_progress=show_progress,
+        )
+    if kind == "wordpiece":
+        return tokenizers.trainers.WordPieceTrainer(
+            vocab_size=learned,
+            min_frequency=min_frequency,
+            special_tokens=specials,
+            continuing_subword_prefix="##",
+            show_progress=show_progress,
+        )
+    return tokenizers.trainers.UnigramTrainer(
+        vocab_size=learned,
+        special_tokens=specials,
+        unk_token=spec.roles["unk"],
+        show_progress=show_progress,
+    )
+
+
+def _post_processor(
+    kind: str, spec: FamilySpec, backend: tokenizers.Tokenizer
+) -> tokenizers.processors.PostProcessor | None:
+    """What a Hugging Face tokenizer adds around sequences when asked for special tokens."""
+    steps: list[tokenizers.processors.PostProcessor] = []
+    if kind == "bpe":
+        steps.append(tokenizers.processors.ByteLevel(add_prefix_space=False, trim_offsets=False))
+    if spec.template is not None:
+        single, pair = spec.template
+        names = {w.split(":")[0] for w in f"{single} {pair}".split() if not w.startswith("$")}
+        steps.append(
+            tokenizers.processors.TemplateProcessing(
+                single=single, pair=pair, special_tokens=[(t, backend.token_to_id(t)) for t in sorted(names)]
+            )
+        )
+    if len(steps) <= 1:
+        return steps[0] if steps else None
+    return tokenizers.processors.Sequence(steps)

@@ -1,0 +1,141 @@
+"""The functions behind ``lmforge tokenizer train`` and ``lmforge tokenizer encode``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizer_corpus import AUSTEN, DICKENS, GETTYSBURG, MELVILLE
+
+from lmforge.errors import LMForgeError
+from lmforge.tokenizers import Tokenizer
+from lmforge.tokenizers.cli import cmd_encode, cmd_train
+
+
+@pytest.fixture
+def corpus_files(tmp_path: Path) -> list[Path]:
+    """A .txt file with one invalid UTF-8 byte, and a .jsonl file with a "text" field per line."""
+    txt = tmp_path / "prose.txt"
+    txt.write_bytes((GETTYSBURG + DICKENS).encode("utf-8") + b"caf\xe9\n")
+    jsonl = tmp_path / "prose.jsonl"
+    records = [{"text": AUSTEN, "id": 1}, {"text": MELVILLE, "id": 2}]
+    jsonl.write_text("\n".join(json.dumps(r) for r in records) + "\n\n", encoding="utf-8")
+    return [txt, jsonl]
+
+
+def test_cmd_train_writes_tokenizer_and_summary(corpus_files: list[Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "tok"
+    summary = cmd_train(corpus_files, out, "bpe", 400, "bart", 2)
+    # The bad byte is replaced by U+FFFD, one character, rather than failing the run.
+    chars = len(GETTYSBURG + DICKENS) + len("caf\ufffd\n") + len(AUSTEN) + len(MELVILLE)
+    assert summary == {
+        "out": str(out),
+        "kind": "bpe",
+        "family": "bart",
+        "vocab_size": 400,
+        "files": 2,
+        "chars": chars,
+        "special_tokens": {
+            "bos": "<s>",
+            "eos": "</s>",
+            "pad": "<pad>",
+            "unk": "<unk>",
+            "mask": "<mask>",
+            "cls": "<s>",
+            "sep": "</s>",
+        },
+    }
+    assert json.loads(capsys.readouterr().out) == summary
+    tok = Tokenizer.load(out)
+    assert tok.vocab_size == 400 and tok.mask_id == 399
+    assert tok.decode(tok.encode("caf\ufffd")) == "caf\ufffd"
+
+
+def test_cmd_train_wordpiece_default_family(corpus_files: list[Path], tmp_path: Path) -> None:
+    summary = cmd_train(corpus_files, tmp_path / "wp", "wordpiece", 300)
+    assert (summary["family"], summary["vocab_size"]) == ("bert", 300)
+    assert Tokenizer.load(tmp_path / "wp").cls_id == 2
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: [d / "nope.txt"], "input file not found: {d}/nope.txt"),
+        (lambda d: [d], "input {d} is a directory, expected a text file"),
+        (lambda d: [], "no input files given"),
+        (lambda d: [_write(d / "empty.txt", "")], "no text in the input files: {d}/empty.txt"),
+        (
+            lambda d: [_write(d / "blank.jsonl", '{"text": ""}\n\n'), _write(d / "e.txt", "")],
+            "no text in the input files: {d}/blank.jsonl, {d}/e.txt",
+        ),
+        (lambda d: [_write(d / "bad.jsonl", '{"text": "ok"}\n{"text": \n')], "{d}/bad.jsonl:2: invalid JSON"),
+        (
+            lambda d: [_write(d / "nt.jsonl", '{"body": "x"}\n')],
+            "{d}/nt.jsonl:1: expected an object with a string 'text' field",
+        ),
+    ],
+)
+def test_cmd_train_input_errors(setup, message: str, tmp_path: Path) -> None:
+    with pytest.raises(LMForgeError) as err:
+        cmd_train(setup(tmp_path), tmp_path / "out", "bpe", 300, "gpt", 2)
+    assert str(err.value).startswith(message.format(d=tmp_path))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cmd_train_output_is_a_file(corpus_files: list[Path], tmp_path: Path) -> None:
+    out = _write(tmp_path / "out", "x")
+    with pytest.raises(LMForgeError) as err:
+        cmd_train(corpus_files, out, "bpe", 300)
+    assert str(err.value) == f"output {out} is a file, expected a directory"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def saved(corpus_files: list[Path], tmp_path: Path) -> Path:
+    cmd_train(corpus_files, tmp_path / "tok", "bpe", 400, "gpt", 2)
+    return tmp_path / "tok"
+
+
+def test_cmd_encode_text_and_file(saved: Path, tmp_path: Path, capsys) -> None:
+    tok = Tokenizer.load(saved)
+    capsys.readouterr()
+    text = "Four score and seven years ago"
+    ids = cmd_encode(saved, text=text)
+    assert ids == tok.encode(text) and tok.decode(ids) == text
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "ids: " + " ".join(map(str, ids))
+    tokens = json.loads(lines[1].removeprefix("tokens: "))
+    assert tokens == [tok.id_to_token(i) for i in ids] and "".join(tokens).replace("Ġ", " ") == text
+    f = _write(tmp_path / "in.txt", GETTYSBURG)
+    assert cmd_encode(saved / "tokenizer.json", file=f) == tok.encode(GETTYSBURG)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give exactly one of a text or --file to encode"),
+        ({"text": "a", "file": Path("x")}, "give exactly one of a text or --file to encode"),
+        ({"text": ""}, "nothing to encode: the text is empty"),
+        ({"file": "{d}/missing.txt"}, "input file not found: {d}/missing.txt"),
+        ({"file": "{d}"}, "input {d} is a directory, expected a text file"),
+        ({"file": "{d}/empty.txt"}, "nothing to encode: {d}/empty.txt is empty"),
+    ],
+)
+def test_cmd_encode_errors(saved: Path, tmp_path: Path, kwargs: dict, message: str) -> None:
+    _write(tmp_path / "empty.txt", "")
+    if isinstance(kwargs.get("file"), str):
+        kwargs = {"file": Path(kwargs["file"].format(d=tmp_path))}
+    with pytest.raises(LMForgeError) as err:
+        cmd_encode(saved, **kwargs)
+    assert str(err.value) == message.format(d=tmp_path)
+
+
+def test_cmd_encode_missing_tokenizer(tmp_path: Path) -> None:
+    with pytest.raises(LMForgeError) as err:
+        cmd_encode(tmp_path / "none", text="hi")
+    assert str(err.value) == f"cannot load tokenizer: {tmp_path / 'none'} does not exist"
