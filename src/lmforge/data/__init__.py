@@ -1,0 +1,26 @@
+"""Data: bundled corpus, readers, cleaning, tokenization into token arrays, loaders, fetch recipes."""
+
+from lmforge.data.clean import CleanConfig, clean_documents
+from lmforge.data.corpus import default_corpus_paths, load_default_corpus, load_default_records
+from lmforge.data.fetch import FETCHERS, cache_root, fetch, list_fetchers
+from lmforge.data.loader import TokenLoader, read_meta, unigram_cross_entropy
+from lmforge.data.prepare import prepare
+from lmforge.data.readers import DocumentStream, read_documents
+
+__all__ = [
+    "FETCHERS",
+    "CleanConfig",
+    "DocumentStream",
+    "TokenLoader",
+    "cache_root",
+    "clean_documents",
+    "default_corpus_paths",
+    "fetch",
+    "list_fetchers",
+    "load_default_corpus",
+    "load_default_records",
+    "prepare",
+    "read_documents",
+    "read_meta",
+    "unigram_cross_entropy",
+]

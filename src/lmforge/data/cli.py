@@ -1,0 +1,70 @@
+"""Command implementations for `lmforge data prepare` and `lmforge data fetch`."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from lmforge.data.fetch import fetch
+from lmforge.data.prepare import prepare
+from lmforge.errors import LMForgeError
+
+
+def tokenizer_fingerprint(tokenizer_path: Path) -> str:
+    """First 16 hex digits of the SHA-256 of the tokenizer's ``tokenizer.json``."""
+    path = Path(tokenizer_path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise LMForgeError(f"cannot load tokenizer: {file} does not exist")
+    return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+
+
+def format_summary(out: Path, meta: dict) -> str:
+    """Human-readable lines describing a prepared directory's ``meta.json``."""
+    lines = [f"prepared {out} ({meta['dtype']}, vocab_size {meta['vocab_size']})"]
+    for split in ("train", "val"):
+        s = meta[split]
+        lines.append(f"  {split}: {s['n_docs']} docs, {s['n_tokens']} tokens, {s['n_bytes']} bytes of text")
+    counts = meta.get("cleaning")
+    if counts:
+        removed = ", ".join(f"{k} {v}" for k, v in counts.items() if k not in ("docs_in", "docs_out"))
+        lines.append(f"  cleaning: kept {counts['docs_out']} of {counts['docs_in']} docs; removed {removed}")
+    else:
+        lines.append("  cleaning: off")
+    lines.append(f"  replaced non-UTF-8 bytes: {meta['replaced_bytes']}")
+    return "\n".join(lines)
+
+
+def cmd_prepare(
+    inputs: list[Path],
+    out: Path,
+    tokenizer_path: Path,
+    val_fraction: float,
+    clean: bool,
+    text_field: str = "text",
+    seed: int = 0,
+) -> dict:
+    """Tokenize ``inputs`` (none: the bundled corpus) into ``out`` and print a summary; return meta."""
+    from lmforge.tokenizers import Tokenizer
+
+    fingerprint = tokenizer_fingerprint(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
+    meta = prepare(
+        [Path(p) for p in inputs] if inputs else None,
+        Path(out),
+        tokenizer,
+        val_fraction=val_fraction,
+        clean=clean,
+        seed=seed,
+        text_field=text_field,
+        tokenizer_fingerprint=fingerprint,
+    )
+    print(format_summary(Path(out), meta))
+    return meta
+
+
+def cmd_fetch(name: str) -> Path:
+    """Fetch corpus recipe ``name`` into the cache and print where it is; return the directory."""
+    out = fetch(name)
+    print(f"{name}: {out / 'docs.jsonl'} (prepare it with: lmforge data prepare {out} ...)")
+    return out

@@ -1,0 +1,172 @@
+"""Deterministic, resumable, world-size-invariant batches of packed token windows.
+
+The split's token stream (documents back to back, EOS after each) is cut into fixed windows of
+``seq_len + 1`` tokens with stride ``seq_len``: window k covers tokens [k*seq_len, (k+1)*seq_len]
+and shares its last token with window k+1, so every token after the first is a target exactly once
+per epoch. The last ``< seq_len`` tokens that do not fill a window are not used.
+
+Epoch e shuffles the windows with ``np.random.default_rng(seed + e).permutation``. Global batch i is
+windows ``perm[i*B*W : (i+1)*B*W]`` (B = per-rank batch size, W = world size) and rank r takes rows
+``[r*B, (r+1)*B)`` of it, so the union over ranks does not depend on how the global batch is split.
+The incomplete last global batch of an epoch is dropped and the next epoch starts automatically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from lmforge.errors import LMForgeError
+
+Split = Literal["train", "val"]
+
+
+def read_meta(data_dir: Path) -> dict:
+    """``meta.json`` of a prepared data directory (LMForgeError when it is not one)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise LMForgeError(f"data dir {data_dir} does not exist")
+    meta_file = data_dir / "meta.json"
+    if not meta_file.is_file():
+        raise LMForgeError(f"{data_dir} is not a prepared data dir (no meta.json; run 'lmforge data prepare')")
+    try:
+        return json.loads(meta_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise LMForgeError(f"{meta_file}: malformed JSON ({e.msg}, line {e.lineno})") from None
+
+
+def open_tokens(data_dir: Path, split: Split, meta: dict | None = None) -> np.memmap:
+    """The split's token array, memory-mapped read-only."""
+    meta = meta or read_meta(data_dir)
+    path = Path(data_dir) / f"{split}.bin"
+    if split not in meta or not path.is_file():
+        raise LMForgeError(f"{data_dir} has no '{split}' split ({path.name} missing)")
+    n, dtype = int(meta[split]["n_tokens"]), np.dtype(meta["dtype"])
+    if path.stat().st_size != n * dtype.itemsize:
+        raise LMForgeError(f"{path}: {path.stat().st_size} bytes, meta.json says {n} {dtype} tokens")
+    if n == 0:
+        return np.zeros(0, dtype=dtype)  # np.memmap cannot map an empty file
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+
+
+class TokenLoader:
+    """Infinite iterator of (batch_size, seq_len + 1) int64 token windows for one rank."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        split: Split,
+        seq_len: int,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ) -> None:
+        if seq_len < 1 or batch_size < 1:
+            raise LMForgeError(f"seq_len and batch_size must be positive, got {seq_len} and {batch_size}")
+        if not 0 <= rank < world_size:
+            raise LMForgeError(f"rank {rank} is outside world_size {world_size}")
+        self.data_dir, self.split = Path(data_dir), split
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.meta = read_meta(self.data_dir)
+        self.tokens = open_tokens(self.data_dir, split, self.meta)
+        n = len(self.tokens)
+        if n < seq_len + 1:
+            raise LMForgeError(f"{self.data_dir} {split} split has {n} tokens, need at least seq_len+1 = {seq_len + 1}")
+        self.n_windows = (n - 1) // seq_len
+        self.global_batch = batch_size * world_size
+        self.batches_per_epoch = self.n_windows // self.global_batch
+        if self.batches_per_epoch == 0:
+            raise LMForgeError(
+                f"{self.data_dir} {split} split has {n} tokens = {self.n_windows} windows of "
+                f"{seq_len + 1}, need at least batch_size*world_size = {self.global_batch}"
+            )
+        self._offsets = np.arange(seq_len + 1, dtype=np.int64)  # (L,) positions inside a window
+        self.epoch = self.batch = 0
+        self._perm: np.ndarray | None = None
+
+    def _windows(self, ids: np.ndarray) -> torch.Tensor:
+        """Gather windows ``ids`` (n,) → LongTensor (n, seq_len + 1) in one fancy-index read."""
+        starts = ids.astype(np.int64) * self.seq_len
+        rows = self.tokens[starts[:, None] + self._offsets[None, :]]  # (n, L)
+        return torch.from_numpy(rows.astype(np.int64))
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The window order of ``epoch`` (identical on every rank)."""
+        return np.random.default_rng(self.seed + epoch).permutation(self.n_windows)
+
+    def __iter__(self) -> TokenLoader:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._perm is None:
+            self._perm = self.permutation(self.epoch)
+        start = self.batch * self.global_batch + self.rank * self.batch_size
+        out = self._windows(self._perm[start : start + self.batch_size])
+        self.batch += 1
+        if self.batch == self.batches_per_epoch:  # drop the incomplete tail, roll over
+            self.epoch, self.batch, self._perm = self.epoch + 1, 0, None
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        """Position of the next batch, plus what must match on resume (plain ints)."""
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "n_windows": self.n_windows,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume exactly where ``state`` was taken (the world size may change, the global batch not)."""
+        for key in ("seed", "seq_len", "global_batch", "n_windows"):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise LMForgeError(f"cannot resume data loader: {key} was {state[key]}, now {getattr(self, key)}")
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if not (epoch >= 0 and 0 <= batch < self.batches_per_epoch):
+            raise LMForgeError(f"cannot resume data loader: bad position epoch={epoch} batch={batch}")
+        self.epoch, self.batch, self._perm = epoch, batch, None
+
+    def eval_batches(self, max_batches: int | None = None) -> Iterator[torch.Tensor]:
+        """Windows in stream order (no shuffle), this rank's rows of each global batch.
+
+        Covers every window once, including a final smaller batch; ``max_batches`` caps the number of
+        global batches. With several ranks the tail is split evenly and a rank may get one batch fewer,
+        so reduce sums of loss and token counts after the loop, not inside it.
+        """
+        n_global = -(-self.n_windows // self.global_batch)
+        if max_batches is not None:
+            n_global = min(n_global, max_batches)
+        for i in range(n_global):
+            lo = i * self.global_batch
+            hi = min(lo + self.global_batch, self.n_windows)
+            mine = np.array_split(np.arange(lo, hi), self.world_size)[self.rank]
+            if len(mine):
+                yield self._windows(mine)
+
+
+def unigram_cross_entropy(data_dir: Path) -> float:
+    """Cross-entropy (nats/token) on val of an add-one-smoothed unigram model fit on train.
+
+    The floor a language model must beat to have learned anything beyond token frequencies.
+    """
+    meta = read_meta(Path(data_dir))
+    vocab = int(meta["vocab_size"])
+    train, val = open_tokens(data_dir, "train", meta), open_tokens(data_dir, "val", meta)
+    if len(val) == 0:
+        raise LMForgeError(f"{data_dir} val split is empty")
+    counts, val_counts = np.ones(vocab, dtype=np.float64), np.zeros(vocab, dtype=np.float64)
+    step = 1 << 24  # bincount in chunks: bounds the int64 copy of a memory-mapped split
+    for arr, acc in ((train, counts), (val, val_counts)):
+        for i in range(0, len(arr), step):
+            acc += np.bincount(arr[i : i + step], minlength=vocab)[:vocab]
+    log_p = np.log(counts) - np.log(counts.sum())
+    return float(-(val_counts * log_p).sum() / val_counts.sum())

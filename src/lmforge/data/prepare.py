@@ -1,0 +1,207 @@
+"""Tokenize documents into memory-mappable token arrays split by document into train / val.
+
+A prepared directory holds, for each split ``s`` in (train, val):
+
+- ``s.bin``: the split's documents' token ids back to back, each followed by EOS (raw little-endian
+  uint16 if vocab_size <= 65536 else uint32; read with ``np.memmap``);
+- ``s.idx``: int64 start offset of each document in ``s.bin`` (``.npy`` format, ``np.load``);
+
+and ``meta.json``: dtype, vocab_size, eos_id, per-split ``n_tokens`` (EOS included), ``n_docs`` and
+``n_bytes`` (UTF-8 bytes of the documents' text, for bits-per-byte), cleaning counts, replaced-byte
+count, tokenizer fingerprint and sources.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import numpy as np
+
+from lmforge.data.clean import CleanConfig, clean_documents
+from lmforge.data.corpus import default_corpus_paths
+from lmforge.data.readers import read_documents
+from lmforge.errors import LMForgeError
+
+FORMAT = "lmforge-tokens"
+VERSION = 1
+SPLITS = ("train", "val")
+_CHUNK_CHARS = 1 << 22  # characters per encode_batch call: bounds memory, keeps the Rust pool busy
+
+
+class TokenizerLike(Protocol):
+    """What ``prepare`` needs from a tokenizer."""
+
+    @property
+    def eos_id(self) -> int | None: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Smallest unsigned dtype that holds every id of a vocabulary."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def pack_with_eos(ids: Sequence[Sequence[int]], eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate token lists with EOS after each; return (tokens int64 (N,), doc lengths int64 (D,))."""
+    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    total = int(lengths.sum())
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=total - len(ids))
+    eos_pos = np.cumsum(lengths) - 1  # last slot of each document
+    out = np.empty(total, dtype=np.int64)
+    is_text = np.ones(total, dtype=bool)
+    is_text[eos_pos] = False
+    out[is_text] = flat
+    out[eos_pos] = eos_id
+    return out, lengths
+
+
+class _SplitWriter:
+    """Appends documents' tokens to ``<split>.bin`` and remembers their start offsets and byte counts."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype) -> None:
+        self.directory, self.split, self.dtype = directory, split, dtype
+        self.file: BinaryIO = open(directory / f"{split}.bin", "wb")
+        self.starts: list[np.ndarray] = []
+        self.n_tokens = self.n_bytes = 0
+
+    def write(self, tokens: np.ndarray, lengths: np.ndarray, n_bytes: int) -> None:
+        self.starts.append(self.n_tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+        self.file.write(tokens.astype(self.dtype).tobytes())
+        self.n_tokens += len(tokens)
+        self.n_bytes += n_bytes
+
+    def close(self) -> dict[str, int]:
+        self.file.close()
+        starts = np.concatenate(self.starts) if self.starts else np.zeros(0, dtype=np.int64)
+        with open(self.directory / f"{self.split}.idx", "wb") as f:
+            np.save(f, starts.astype(np.int64), allow_pickle=False)
+        return {"n_tokens": self.n_tokens, "n_docs": len(starts), "n_bytes": self.n_bytes}
+
+
+def split_documents(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean (n_docs,) mask of validation documents: a seeded random subset, at least one each side."""
+    if not 0.0 < val_fraction < 1.0:
+        raise LMForgeError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if n_docs < 2:
+        raise LMForgeError(f"need at least 2 documents to split into train and val, got {n_docs}")
+    n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
+    is_val = np.zeros(n_docs, dtype=bool)
+    is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
+    return is_val
+
+
+def _chunks(n_docs: int, docs: list[str]) -> Iterator[range]:
+    start, size = 0, 0
+    for i in range(n_docs):
+        size += len(docs[i])
+        if size >= _CHUNK_CHARS:
+            yield range(start, i + 1)
+            start, size = i + 1, 0
+    if start < n_docs:
+        yield range(start, n_docs)
+
+
+def _tokenize_into(docs: list[str], is_val: np.ndarray, tokenizer: TokenizerLike, writers: dict) -> None:
+    eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)  # type: ignore[arg-type]
+    for rows in _chunks(len(docs), docs):
+        ids = tokenizer.encode_batch([docs[i] for i in rows])
+        for split, writer in writers.items():
+            pick = [j for j, i in enumerate(rows) if is_val[i] == (split == "val")]
+            if not pick:
+                continue
+            tokens, lengths = pack_with_eos([ids[j] for j in pick], eos)
+            if tokens.min() < 0 or tokens.max() >= vocab:
+                bad = int(tokens.max() if tokens.max() >= vocab else tokens.min())
+                raise LMForgeError(f"tokenizer produced id {bad}, outside its vocab_size {vocab}")
+            n_bytes = sum(len(docs[rows[j]].encode("utf-8")) for j in pick)
+            writer.write(tokens, lengths, n_bytes)
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` to ``out``, replacing a previously prepared ``out``."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise LMForgeError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / "meta.json").is_file():
+        raise LMForgeError(f"refusing to overwrite {out}: it is not empty and not a prepared data dir")
+
+
+def prepare(
+    inputs: Sequence[Path] | None,
+    out: Path,
+    tokenizer: TokenizerLike,
+    val_fraction: float = 0.05,
+    clean: bool = False,
+    seed: int = 0,
+    *,
+    text_field: str = "text",
+    tokenizer_fingerprint: str | None = None,
+    clean_config: CleanConfig | None = None,
+) -> dict:
+    """Read, optionally clean, split by document and tokenize ``inputs`` (None: bundled corpus) into ``out``.
+
+    Writes to a temporary sibling directory renamed into place at the end, so ``out`` is never left
+    half-prepared. Returns the contents of ``meta.json``.
+    """
+    out = Path(out)
+    _check_out(out)
+    if tokenizer.eos_id is None:
+        raise LMForgeError("the tokenizer has no EOS token; prepare needs one to separate documents")
+    paths = default_corpus_paths() if inputs is None else [Path(p) for p in inputs]
+    stream = read_documents(paths, text_field)
+    docs = list(stream)
+    counts = None
+    if clean:
+        docs, counts = clean_documents(docs, clean_config)
+        if len(docs) < 2:
+            raise LMForgeError(f"cleaning kept {len(docs)} of {counts['docs_in']} documents; need at least 2")
+    is_val = split_documents(len(docs), val_fraction, seed)
+    dtype = token_dtype(tokenizer.vocab_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
+        try:
+            _tokenize_into(docs, is_val, tokenizer, writers)
+        finally:
+            stats = {s: w.close() for s, w in writers.items()}
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dtype": dtype.name,
+            "vocab_size": int(tokenizer.vocab_size),
+            "eos_id": int(tokenizer.eos_id),
+            **stats,
+            "val_fraction": val_fraction,
+            "seed": seed,
+            "cleaning": counts,
+            "replaced_bytes": stream.replaced_bytes,
+            "tokenizer_fingerprint": tokenizer_fingerprint,
+            "sources": [str(p) for p in paths],
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta

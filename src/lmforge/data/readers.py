@@ -1,0 +1,239 @@
+"""Read documents from text files: .txt, .jsonl, .csv/.tsv, .parquet, optionally .gz/.xz compressed.
+
+One document per .txt file, per JSONL line (``text_field``), per CSV row (column ``text_field``) or per
+Parquet row. Bytes that are not valid UTF-8 are replaced with U+FFFD and counted
+(``DocumentStream.replaced_bytes``); every bad input raises ``LMForgeError`` with one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import lzma
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import BinaryIO
+
+from lmforge.errors import LMForgeError
+
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
+TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+COMPRESSED = (".gz", ".xz")
+READABLE = "*.txt, *.md, *.rst, *.jsonl, *.csv, *.tsv, *.parquet, optionally .gz/.xz compressed"
+
+_SAMPLE = 1 << 16  # bytes inspected to tell text from binary
+_MAX_NON_TEXT = 0.30  # fraction of control / invalid bytes above which a file counts as binary
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that surrogateescape could not decode
+_CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\x0b\x0c\x08") + b"\x7f"
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # documents can be far longer than the 128 KiB default
+
+
+def decode_counting(data: bytes) -> tuple[str, int]:
+    """Decode UTF-8, replacing each undecodable byte with U+FFFD; return (text, bytes replaced)."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        # surrogateescape maps each bad byte to one lone surrogate, so the count is exact per byte.
+        return _ESCAPED.subn("\ufffd", data.decode("utf-8", "surrogateescape"))
+
+
+def _split_name(path: Path) -> tuple[str, str]:
+    """(format suffix, compression suffix) of a file name, e.g. 'a.jsonl.gz' → ('.jsonl', '.gz')."""
+    suffixes = [s.lower() for s in path.suffixes]
+    comp = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSED else ""
+    return (suffixes[-1] if suffixes else ""), comp
+
+
+def _kind(path: Path, in_dir: bool = False) -> str | None:
+    """Reader for ``path``, or None if unsupported; directory scans skip suffix-less files."""
+    fmt, comp = _split_name(path)
+    if fmt == ".parquet":
+        return None if comp else "parquet"
+    if fmt in JSONL_SUFFIXES:
+        return "jsonl"
+    if fmt in TABLE_SUFFIXES:
+        return "table"
+    if fmt == "" and in_dir:
+        return None
+    return "text" if fmt in TEXT_SUFFIXES else None
+
+
+def _open(path: Path) -> BinaryIO:
+    comp = _split_name(path)[1]
+    if comp == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if comp == ".xz":
+        return lzma.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _read_all(path: Path) -> bytes:
+    try:
+        with _open(path) as f:
+            return f.read()
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise LMForgeError(f"{path}: cannot read ({e})") from e
+
+
+def check_text(data: bytes, path: Path) -> None:
+    """Raise if ``data`` (a file or its start) looks binary: any NUL byte, or a mostly non-text start."""
+    if b"\x00" in data:
+        raise LMForgeError(f"{path}: binary file (contains NUL bytes; text must be UTF-8)")
+    sample = data[:_SAMPLE]
+    if not sample:
+        return
+    bad = len(sample) - len(sample.translate(None, _CONTROL))
+    bad += decode_counting(sample[:-3] if len(sample) == _SAMPLE else sample)[1]
+    if bad / len(sample) > _MAX_NON_TEXT:
+        raise LMForgeError(f"{path}: binary file ({bad / len(sample):.0%} of its first bytes are not text)")
+
+
+def resolve_files(paths: Sequence[Path | str]) -> list[Path]:
+    """Expand directories into their readable files (sorted, hidden files skipped); check existence."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = [
+                f
+                for f in sorted(p.rglob("*"))
+                if f.is_file()
+                and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                and _kind(f, in_dir=True) is not None
+            ]
+            if not found:
+                raise LMForgeError(f"{p}: directory has no readable files ({READABLE})")
+            files += found
+        elif p.is_file():
+            if _kind(p) is None:
+                raise LMForgeError(f"{p}: unsupported file type ({READABLE})")
+            files.append(p)
+        else:
+            raise LMForgeError(f"{p}: no such file or directory")
+    if not files:
+        raise LMForgeError("no input files given")
+    return list(dict.fromkeys(files))  # the same file named twice is read once
+
+
+class DocumentStream(Iterator[str]):
+    """An iterator over the documents of some files; counts replaced (non-UTF-8) bytes as it goes."""
+
+    def __init__(self, paths: Sequence[Path | str], text_field: str = "text") -> None:
+        self.files = resolve_files(paths)  # fails early, before any reading
+        self.text_field = text_field
+        self.replaced_bytes = 0
+        self.n_docs = 0
+        self._it = self._generate()
+
+    def __next__(self) -> str:
+        doc = next(self._it)
+        self.n_docs += 1
+        return doc
+
+    def _decode(self, data: bytes) -> str:
+        text, n = decode_counting(data)
+        self.replaced_bytes += n
+        return text
+
+    def _generate(self) -> Iterator[str]:
+        readers = {"text": self._text, "jsonl": self._jsonl, "table": self._table, "parquet": self._parquet}
+        for path in self.files:
+            n = 0
+            for doc in readers[_kind(path)](path):  # type: ignore[index]
+                n += 1
+                yield doc
+            if n == 0:
+                raise LMForgeError(f"{path}: empty file (no documents)")
+
+    def _text(self, path: Path) -> Iterator[str]:
+        data = _read_all(path)
+        check_text(data, path)
+        text = self._decode(data).removeprefix("\ufeff")
+        if text.strip():
+            yield text
+
+    def _jsonl(self, path: Path) -> Iterator[str]:
+        try:
+            with _open(path) as f:
+                head = f.read(_SAMPLE)
+                check_text(head, path)
+                # Finish the line cut by the sample, then stream the rest line by line.
+                for lineno, raw in enumerate(chain(io.BytesIO(head + f.readline()), f), start=1):
+                    doc = self._json_doc(raw, path, lineno)
+                    if doc:
+                        yield doc
+        except (OSError, EOFError, lzma.LZMAError) as e:
+            raise LMForgeError(f"{path}: cannot read ({e})") from e
+
+    def _json_doc(self, raw: bytes, path: Path, lineno: int) -> str | None:
+        line = self._decode(raw).strip().removeprefix("\ufeff")
+        if not line:
+            return None
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LMForgeError(f"{path}:{lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise LMForgeError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        if self.text_field not in obj:
+            keys = ", ".join(map(str, list(obj)[:8])) or "none"
+            raise LMForgeError(f"{path}:{lineno}: no field '{self.text_field}' (fields: {keys})")
+        value = obj[self.text_field]
+        if not isinstance(value, str):
+            raise LMForgeError(
+                f"{path}:{lineno}: field '{self.text_field}' is {type(value).__name__}, expected a string"
+            )
+        return value if value.strip() else None
+
+    def _table(self, path: Path) -> Iterator[str]:
+        data = _read_all(path)
+        check_text(data, path)
+        text = self._decode(data).removeprefix("\ufeff")
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=TABLE_SUFFIXES[_split_name(path)[0]])
+        try:
+            if reader.fieldnames is None:
+                return
+            if self.text_field not in reader.fieldnames:
+                cols = ", ".join(reader.fieldnames[:8])
+                raise LMForgeError(f"{path}: no column '{self.text_field}' (columns: {cols})")
+            for row in reader:
+                value = row[self.text_field]
+                if value and value.strip():
+                    yield value
+        except csv.Error as e:
+            raise LMForgeError(f"{path}:{reader.line_num}: malformed CSV ({e})") from None
+
+    def _parquet(self, path: Path) -> Iterator[str]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise LMForgeError(f"{path}: not a valid Parquet file ({str(e).splitlines()[0]})") from None
+        names = pf.schema_arrow.names
+        if self.text_field not in names:
+            raise LMForgeError(f"{path}: no column '{self.text_field}' (columns: {', '.join(names[:8])})")
+        col_type = pf.schema_arrow.field(self.text_field).type
+        is_binary = pa.types.is_binary(col_type) or pa.types.is_large_binary(col_type)
+        if not (is_binary or pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
+            raise LMForgeError(f"{path}: column '{self.text_field}' has type {col_type}, expected string")
+        for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                if value is not None and is_binary:
+                    value = self._decode(value)
+                if value and value.strip():
+                    yield value
+
+
+def read_documents(paths: Sequence[Path | str], text_field: str = "text") -> DocumentStream:
+    """Iterate over the documents in ``paths`` (files or directories).
+
+    The returned stream's ``replaced_bytes`` holds how many non-UTF-8 bytes were replaced so far.
+    """
+    return DocumentStream(paths, text_field)

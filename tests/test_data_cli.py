@@ -1,0 +1,77 @@
+"""cmd_prepare / cmd_fetch with the project's tokenizer, and prepared data read back by TokenLoader."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.data import TokenLoader, unigram_cross_entropy
+from lmforge.data.cli import cmd_fetch, cmd_prepare
+from lmforge.errors import LMForgeError
+from lmforge.tokenizers import Tokenizer, train_tokenizer
+
+WEATHER = ["bright", "grey", "cold", "warm", "still", "windy"] * 5
+TEXTS = [f"Chapter {i}. It was a {w} morning, and the {w} bells rang out over the town." for i, w in enumerate(WEATHER)]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tok")
+    train_tokenizer(TEXTS, "bpe", 300).save(d)
+    return d
+
+
+def test_cmd_prepare_then_load(tmp_path: Path, tok_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "docs.jsonl"
+    src.write_bytes(b"".join(json.dumps({"text": t}).encode() + b"\n" for t in TEXTS))
+    (tmp_path / "bad.txt").write_bytes(b"A stray \xff byte in a small text.")
+    meta = cmd_prepare([src, tmp_path / "bad.txt"], tmp_path / "out", tok_dir, 0.1, False)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"prepared {tmp_path / 'out'} (uint16, vocab_size 300)"
+    assert printed[1].startswith("  train: 28 docs, ")
+    assert printed[2].startswith("  val: 3 docs, ")
+    assert printed[3:] == ["  cleaning: off", "  replaced non-UTF-8 bytes: 1"]
+    fp = hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()[:16]
+    assert meta["tokenizer_fingerprint"] == fp
+
+    tok = Tokenizer.load(tok_dir)
+    loader = TokenLoader(tmp_path / "out", "train", seq_len=32, batch_size=2)
+    stream = np.fromfile(tmp_path / "out" / "train.bin", dtype=np.uint16).astype(np.int64)
+    batch = next(loader)
+    windows = torch.from_numpy(np.lib.stride_tricks.sliding_window_view(stream, 33)[::32].copy())
+    for row in batch:  # every row is one of the fixed windows (stride seq_len) of the packed stream
+        assert (windows == row).all(dim=1).sum() == 1
+    assert (stream == tok.eos_id).sum() == meta["train"]["n_docs"]  # documents separated by EOS
+    assert 0 < unigram_cross_entropy(tmp_path / "out") < np.log(300)
+
+
+def test_cmd_prepare_clean_summary(tmp_path: Path, tok_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "d.txt"
+    src.write_text("\n".join(TEXTS[:6]))
+    other = tmp_path / "e.txt"
+    other.write_text("\n".join(TEXTS[6:12]) + "\nno end punctuation")
+    cmd_prepare([src, other], tmp_path / "out", tok_dir, 0.5, True)
+    out = capsys.readouterr().out
+    assert "  cleaning: kept 2 of 2 docs; removed lines_curly_bracket 0, lines_javascript 0, " in out
+    assert "lines_no_terminal_punctuation 1," in out
+
+
+def test_cmd_prepare_missing_tokenizer(tmp_path: Path) -> None:
+    with pytest.raises(LMForgeError, match="^cannot load tokenizer: .*tokenizer.json does not exist$"):
+        cmd_prepare([], tmp_path / "out", tmp_path, 0.05, False)
+
+
+def test_cmd_fetch_prints_location(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def fake_fetch(name: str) -> Path:
+        return tmp_path / "data" / name
+
+    monkeypatch.setattr("lmforge.data.cli.fetch", fake_fetch)
+    assert cmd_fetch("sotu") == tmp_path / "data" / "sotu"
+    assert capsys.readouterr().out.startswith(f"sotu: {tmp_path / 'data' / 'sotu' / 'docs.jsonl'}")
