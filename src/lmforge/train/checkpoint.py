@@ -1,0 +1,547 @@
+"""Crash-safe checkpoints: save, verify, find and load weights, config and training state.
+
+A checkpoint is a directory ``RUN/checkpoints/step_<N>/`` holding:
+
+- ``model.safetensors``: weights; a tensor shared by several names (tied embeddings) is stored once and the
+  other names are recorded in the file's metadata;
+- ``config.yaml``: the resolved run config;
+- ``train_state.pt``: optimizer/scheduler/RNG/data-loader state, read with ``torch.load(weights_only=True)``;
+- the tokenizer files (whatever ``tokenizer.save(directory)`` writes);
+- ``manifest.json``: size and sha256 of every other file. It is written last, so a checkpoint without it is
+  an interrupted save.
+
+Keys are stored without the ``_orig_mod.`` (torch.compile) and ``module.`` (DDP) wrapper prefixes, so
+compiled, eager and DDP checkpoints are interchangeable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import yaml
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from lmforge.errors import LMForgeError
+
+CHECKPOINTS_DIR = "checkpoints"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.yaml"
+TRAIN_STATE_FILE = "train_state.pt"
+MANIFEST_FILE = "manifest.json"
+_RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE}
+_TIED_META = "lmforge.tied"  # safetensors metadata: JSON {alias name: stored name}
+_STEP_RE = re.compile(r"step_(\d+)")
+_SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)")
+# Leaf types torch.load(weights_only=True) accepts (plus torch.dtype / torch.device instances).
+_PLAIN_LEAVES = (torch.Tensor, nn.Parameter, int, float, bool, complex, str, bytes, type(None))
+
+
+class Tokenizer(Protocol):
+    def save(self, directory: Path) -> Any: ...
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module inside torch.compile / DistributedDataParallel / DataParallel wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def _normalize_keys(keys: list[str]) -> dict[str, str]:
+    """Map each state-dict key to its wrapper-free name.
+
+    ``_orig_mod`` segments (compiled submodules) are dropped anywhere; ``module.`` only when every key starts
+    with it, since a model may legitimately have a child called ``module``.
+    """
+    names = {k: ".".join(p for p in k.split(".") if p != "_orig_mod") for k in keys}
+    while names and all(n.startswith("module.") for n in names.values()):
+        names = {k: n[len("module.") :] for k, n in names.items()}
+    if len(set(names.values())) != len(names):
+        raise ValueError("state dict keys collide once wrapper prefixes are removed")
+    return names
+
+
+def _view_key(t: torch.Tensor) -> tuple:
+    """Identifies one exact view of one storage: equal keys mean the same (tied) tensor."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _tensors_to_save(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Wrapper-free CPU tensors to write, each shared tensor once, plus {alias: stored name}."""
+    state = unwrap_model(model).state_dict()
+    names = _normalize_keys(list(state))
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen_views: dict[tuple, str] = {}
+    seen_storages: set[tuple] = set()
+    for key, t in state.items():
+        name = names[key]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"state dict entry '{name}' is not a tensor; safetensors cannot store it")
+        view = _view_key(t)
+        if view in seen_views:
+            aliases[name] = seen_views[view]
+            continue
+        seen_views[view] = name
+        storage = (t.device, t.untyped_storage().data_ptr())
+        # safetensors refuses overlapping tensors; a view that only partly shares memory is copied.
+        if storage in seen_storages or not t.is_contiguous():
+            t = t.contiguous().clone()
+        seen_storages.add(storage)
+        tensors[name] = t.detach().cpu()
+    return tensors, aliases
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    *,
+    config: dict,
+    tokenizer: Tokenizer | None = None,
+    train_state: dict | None = None,
+    keep_last: int | None = 3,
+) -> Path:
+    """Atomically write ``run_dir/checkpoints/step_<step>`` and keep only the newest ``keep_last``.
+
+    Checkpoints with a higher step (left by a run resumed from an earlier step) are not pruned.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    if train_state is not None:
+        _check_plain_data(train_state, "train_state")
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    final = root / f"step_{step}"
+    tmp = root / f".tmp-step_{step}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_scratch(root)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        _write_contents(tmp, step, model, config, tokenizer, train_state)
+        _publish(tmp, final)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise LMForgeError(f"could not save checkpoint step_{step}: {_reason(e)}") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last is not None:
+        _prune(root, step, keep_last)
+    return final
+
+
+def write_checkpoint_dir(
+    directory: Path,
+    model: nn.Module,
+    *,
+    config: dict,
+    tokenizer: Tokenizer | None = None,
+    step: int = 0,
+) -> Path:
+    """Atomically write one standalone checkpoint at ``directory`` (the layout of a ``step_<N>`` dir, no
+    training state), replacing a checkpoint already there. ``lmforge.load(directory)`` reads it back."""
+    final = Path(directory)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        _write_contents(tmp, step, model, config, tokenizer, None)
+        _publish(tmp, final)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise LMForgeError(f"could not write checkpoint {final}: {_reason(e)}") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def save_run_config(run_dir: Path, config: dict) -> Path:
+    """Atomically write the resolved config to ``run_dir/config.yaml``."""
+    path = Path(run_dir) / CONFIG_FILE
+    tmp = path.with_name(f".{CONFIG_FILE}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_yaml(tmp, config)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise LMForgeError(f"could not write {path}: {_reason(e)}") from e
+    return path
+
+
+def _write_contents(
+    tmp: Path,
+    step: int,
+    model: nn.Module,
+    config: dict,
+    tokenizer: Tokenizer | None,
+    train_state: dict | None,
+) -> None:
+    """Fill the scratch directory; the manifest comes last and only after every file is on disk."""
+    if tokenizer is not None:
+        tokenizer.save(tmp)
+        clash = sorted(_RESERVED & {p.name for p in tmp.iterdir()})
+        if clash:
+            raise ValueError(f"tokenizer.save wrote {clash[0]}, a name the checkpoint itself uses")
+    _write_yaml(tmp / CONFIG_FILE, config)
+    tensors, aliases = _tensors_to_save(model)
+    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", _TIED_META: json.dumps(aliases)})
+    del tensors
+    if train_state is not None:
+        with open(tmp / TRAIN_STATE_FILE, "wb") as f:
+            torch.save(train_state, f)
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        size, digest = _hash_file(path, fsync=True)
+        files[path.relative_to(tmp).as_posix()] = {"size": size, "sha256": digest}
+    manifest = json.dumps({"format": 1, "step": step, "files": files}, indent=1)
+    with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
+        f.write(manifest)
+        f.flush()
+        os.fsync(f.fileno())
+    for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(d)
+    _fsync_dir(tmp)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished scratch dir into place; a same-step checkpoint is replaced."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune(root: Path, step: int, keep_last: int) -> None:
+    """Delete older checkpoints beyond ``keep_last``; failures only warn, the new checkpoint is safe."""
+    older = [c for c in _checkpoints_in(root) if _step_of(c) < step]
+    for ckpt in older[: max(0, len(older) - (keep_last - 1))]:
+        try:
+            shutil.rmtree(ckpt)
+        except OSError as e:
+            print(f"warning: could not delete old checkpoint {ckpt}: {_reason(e)}", file=sys.stderr)
+
+
+def _remove_stale_scratch(root: Path) -> None:
+    """Remove scratch dirs left by crashed saves (their process is gone)."""
+    if os.name != "posix":  # os.kill(pid, 0) only probes on POSIX
+        return
+    for p in root.iterdir():
+        m = _SCRATCH_RE.fullmatch(p.name)
+        if not m or int(m[3]) == os.getpid() or _pid_alive(int(m[3])):
+            continue
+        # An .old- dir whose step_<N> is missing is the only copy left: keep it for the user.
+        if m[1] == "tmp" or (root / f"step_{m[2]}").exists():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        pass
+    return True
+
+
+def _check_plain_data(obj: Any, where: str) -> None:
+    """Reject values that ``torch.load(weights_only=True)`` would refuse, naming where they are."""
+    if type(obj) in (dict, OrderedDict):
+        for k, v in obj.items():
+            _check_plain_data(k, f"{where} key {k!r}")
+            _check_plain_data(v, f"{where}[{k!r}]")
+    elif type(obj) in (list, tuple, torch.Size):
+        for i, v in enumerate(obj):
+            _check_plain_data(v, f"{where}[{i}]")
+    elif type(obj) not in _PLAIN_LEAVES and not isinstance(obj, (torch.dtype, torch.device)):
+        raise TypeError(
+            f"{where} has type {type(obj).__name__}, which torch.load(weights_only=True) cannot read; "
+            "store tensors and plain Python data only"
+        )
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint directories of a run, oldest step first (not verified)."""
+    return _checkpoints_in(Path(run_dir) / CHECKPOINTS_DIR)
+
+
+def _checkpoints_in(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_RE.fullmatch(p.name)]
+    return sorted(found, key=_step_of)
+
+
+def _step_of(ckpt: Path) -> int:
+    return int(ckpt.name.split("_", 1)[1])
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """None when every file matches the manifest, else why the checkpoint is unusable."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        return "not a directory"
+    try:
+        manifest = json.loads((ckpt / MANIFEST_FILE).read_text(encoding="utf-8"))
+        files = {rel: (int(e["size"]), str(e["sha256"])) for rel, e in manifest["files"].items()}
+    except FileNotFoundError:
+        return f"no {MANIFEST_FILE} (the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{MANIFEST_FILE} is unreadable"
+    if WEIGHTS_FILE not in files:
+        return f"{MANIFEST_FILE} lists no {WEIGHTS_FILE}"
+    for rel, (size, _) in files.items():  # cheap checks first
+        path = ckpt / rel
+        if not path.is_file():
+            return f"missing file {rel}"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{rel} has {actual} bytes, the manifest says {size}"
+    for rel, (_, digest) in files.items():
+        try:
+            if _hash_file(ckpt / rel)[1] != digest:
+                return f"{rel} does not match its sha256 in the manifest"
+        except OSError as e:
+            return f"cannot read {rel}: {_reason(e)}"
+    return None
+
+
+def latest_checkpoint(path: Path) -> Path:
+    """The checkpoint to resume from: ``path`` itself if it is a checkpoint, else the run's newest valid one.
+
+    A newer checkpoint that fails verification is skipped with a warning on stderr.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise LMForgeError(f"no checkpoint at {path}: the path does not exist")
+    if (path / MANIFEST_FILE).exists() or (path / WEIGHTS_FILE).exists() or _STEP_RE.fullmatch(path.name):
+        reason = verify_checkpoint(path)
+        if reason is not None:
+            raise LMForgeError(f"checkpoint {path} is not usable: {reason}")
+        return path
+    root = path if path.name == CHECKPOINTS_DIR else path / CHECKPOINTS_DIR
+    ckpts = _checkpoints_in(root)
+    if not ckpts:
+        raise LMForgeError(f"no checkpoints in {root}")
+    for ckpt in reversed(ckpts):
+        reason = verify_checkpoint(ckpt)
+        if reason is None:
+            return ckpt
+        print(f"warning: skipping checkpoint {ckpt}: {reason}", file=sys.stderr)
+    raise LMForgeError(f"no usable checkpoint in {root}: all {len(ckpts)} failed verification")
+
+
+def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All weights of a checkpoint by name; tied names map to the same tensor."""
+    path = Path(ckpt) / WEIGHTS_FILE
+    if not path.is_file():
+        raise LMForgeError(f"no {WEIGHTS_FILE} in {ckpt}")
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        aliases = json.loads(meta.get(_TIED_META, "{}"))
+        for alias, source in aliases.items():
+            tensors[alias] = tensors[source]
+    except (SafetensorError, OSError, ValueError, KeyError, AttributeError) as e:
+        raise LMForgeError(f"could not read {path}: {e}") from e
+    return tensors
+
+
+def load_weights(ckpt: Path, model: nn.Module, strict: bool = True) -> tuple[list[str], list[str]]:
+    """Copy checkpoint weights into ``model`` (possibly compiled or DDP-wrapped), keeping its tied weights.
+
+    Returns the (missing, unexpected) key names, which can be non-empty only when ``strict`` is False.
+    """
+    target = unwrap_model(model)
+    own = {k: v for k, v in target.state_dict().items() if isinstance(v, torch.Tensor)}
+    names = _normalize_keys(list(own))
+    own_by_name = {names[k]: v for k, v in own.items()}
+    saved_raw = read_weights(ckpt)
+    saved = {n: saved_raw[k] for k, n in _normalize_keys(list(saved_raw)).items()}
+    missing, unexpected = _check_match(own_by_name, saved, strict)
+    _check_ties(own_by_name, saved)
+    actual_key = {n: k for k, n in names.items()}
+    target.load_state_dict({actual_key[n]: t for n, t in saved.items() if n in own_by_name}, strict=False)
+    return missing, unexpected
+
+
+def _check_match(
+    own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], strict: bool
+) -> tuple[list[str], list[str]]:
+    """Raise on the first shape mismatch (or, when strict, missing/unexpected key) in model order."""
+    prefix = "checkpoint does not match the model"
+    missing = []
+    for name, t in own.items():
+        if name not in saved:
+            if strict:
+                raise LMForgeError(f"{prefix}: key '{name}' is missing from the checkpoint")
+            missing.append(name)
+        elif saved[name].shape != t.shape:
+            got, want = tuple(saved[name].shape), tuple(t.shape)
+            raise LMForgeError(f"{prefix}: key '{name}' has shape {got}, the model expects {want}")
+    unexpected = [n for n in saved if n not in own]
+    if strict and unexpected:
+        raise LMForgeError(f"{prefix}: unexpected key '{unexpected[0]}' (not in the model)")
+    return missing, unexpected
+
+
+def _check_ties(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> None:
+    """A tensor the model ties under two names must get one value, or loading would silently pick one."""
+    first_name: dict[tuple, str] = {}
+    for name, t in own.items():
+        view = _view_key(t)
+        other = first_name.setdefault(view, name)
+        if other == name or name not in saved or other not in saved:
+            continue
+        if saved[name] is not saved[other] and not torch.equal(saved[name], saved[other]):
+            raise LMForgeError(
+                f"checkpoint does not match the model: '{other}' and '{name}' are tied in the model "
+                "but differ in the checkpoint"
+            )
+
+
+def load_train_state(ckpt: Path) -> dict:
+    """The training state saved with a checkpoint; files holding anything but plain data are refused."""
+    path = Path(ckpt) / TRAIN_STATE_FILE
+    if not path.is_file():
+        raise LMForgeError(f"no {TRAIN_STATE_FILE} in {ckpt}")
+    # torch.save writes a zip archive; anything else is damaged (torch would report it as unsafe pickle).
+    if not zipfile.is_zipfile(path):
+        raise LMForgeError(f"could not read {path}: not a torch.save archive")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise LMForgeError(f"refusing to load {path}: it holds objects other than tensors and plain data") from e
+    except (OSError, RuntimeError, EOFError) as e:
+        raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+    if not isinstance(state, dict):
+        raise LMForgeError(f"{path} does not hold a dict")
+    return state
+
+
+def read_config(ckpt: Path) -> dict:
+    """The resolved config stored with a checkpoint (or a run dir)."""
+    path = Path(ckpt) / CONFIG_FILE
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise LMForgeError(f"no {CONFIG_FILE} in {ckpt}") from e
+    except (OSError, yaml.YAMLError) as e:
+        raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0]}") from e
+    if not isinstance(config, dict):
+        raise LMForgeError(f"{path} does not hold a mapping")
+    return config
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy (global), torch CPU and CUDA generator states as tensors and plain data."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(mt), "gauss": gauss},
+        # uint32 keys fit losslessly in int64, which torch stores natively.
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng_state`; CUDA states are restored for the devices present."""
+    try:
+        py = state["python"]
+        random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+        npy = state["numpy"]
+        keys = npy["keys"].numpy().astype(np.uint32)
+        np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise LMForgeError(f"training state holds a malformed RNG state: {e}") from e
+
+
+def _write_yaml(path: Path, config: dict) -> None:
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
+    """(size, sha256 hex) of a file; with ``fsync`` its data is also forced to disk."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return size, h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a directory's entries (renames, new files); not possible on Windows."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno is not None:
+        return os.strerror(e.errno)
+    return str(e) or type(e).__name__

@@ -1,0 +1,277 @@
+"""Training metrics: the ``metrics.jsonl`` log, loss plots, a progress line, and MFU accounting.
+
+Each line of ``RUN/metrics.jsonl`` is one JSON object with a ``step`` and any values logged at that step.
+Names the plots understand: ``train_loss`` (or ``loss``), ``val_loss`` and ``lr``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from lmforge.errors import LMForgeError
+
+METRICS_FILE = "metrics.jsonl"
+PLOTS_DIR = "plots"
+_SIGNIFICANT_DIGITS = 6
+
+
+def _clean_value(name: str, value: Any) -> Any:
+    """A JSON-safe value: floats rounded, NaN/inf → None, 0-d tensors and NumPy scalars unwrapped."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"metric '{name}' is a tensor with {value.numel()} elements; log a scalar")
+        value = value.item()
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return float(f"{value:.{_SIGNIFICANT_DIGITS}g}") if math.isfinite(value) else None
+    raise TypeError(f"metric '{name}' has type {type(value).__name__}; log numbers or strings")
+
+
+class MetricsLogger:
+    """Appends one JSON line per :meth:`log` call to ``run_dir/metrics.jsonl``.
+
+    With ``resume_step``, lines logged after that step (by the run being resumed) are dropped first, so the
+    resumed log has no duplicate steps.
+    """
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            self._rewrite_kept(resume_step)
+        self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
+
+    def _rewrite_kept(self, resume_step: int | None) -> None:
+        """Drop a torn last line (a crash mid-write) and, when resuming, lines after ``resume_step``."""
+        text = self.path.read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        kept = [ln for ln in lines if ln.endswith("\n")]
+        if resume_step is not None:
+            kept = [ln for ln in kept if not _after(ln, resume_step)]
+        if len(kept) == len(lines):
+            return
+        tmp = self.path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def log(self, step: int, **values: Any) -> None:
+        """Append ``{"step": step, **values}`` as one line and flush it."""
+        if self._file is None:
+            raise ValueError("MetricsLogger is closed")
+        record = {"step": int(step)} | {k: _clean_value(k, v) for k, v in values.items()}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _after(line: str, step: int) -> bool:
+    """Whether a log line belongs to a step after ``step``; unparsable lines count as not after."""
+    try:
+        record = json.loads(line)
+        return int(record["step"]) > step
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Every record of ``run_dir/metrics.jsonl`` in order; a torn last line (crash mid-write) is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise LMForgeError(f"no metrics log at {path}") from e
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if i == len(lines):  # no trailing newline: the writer died mid-line
+                break
+            raise LMForgeError(f"{path}:{i}: not valid JSON") from e
+        if not isinstance(record, dict):
+            raise LMForgeError(f"{path}:{i}: expected a JSON object")
+        records.append(record)
+    return records
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    pairs = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def plot_metrics(run_dir: Path) -> list[Path]:
+    """Write ``plots/loss.png`` (train and validation loss vs step) and ``plots/lr.png`` when logged.
+
+    Returns the files written; empty when the log holds nothing to plot.
+    """
+    # Figure without pyplot: no global backend switch, no GUI, safe in threads and headless jobs.
+    from matplotlib.figure import Figure
+
+    records = read_metrics(run_dir)
+    out_dir = Path(run_dir) / PLOTS_DIR
+    written = []
+    train_key = "train_loss" if any("train_loss" in r for r in records) else "loss"
+    curves = {"loss": [(train_key, "train"), ("val_loss", "validation")], "lr": [("lr", "learning rate")]}
+    for name, keys in curves.items():
+        series = [(label, *_series(records, key)) for key, label in keys]
+        series = [s for s in series if s[1]]
+        if not series:
+            continue
+        fig = Figure(figsize=(7, 4.5), dpi=100)
+        ax = fig.subplots()
+        for label, steps, values in series:
+            marker = "o" if len(steps) < 50 else None
+            ax.plot(steps, values, label=label, marker=marker, markersize=3)
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"{name}.png"
+        tmp = out_dir / f".{name}.png.tmp-{os.getpid()}"
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+        written.append(path)
+    return written
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+    """A one-line training progress report on stderr.
+
+    On a terminal the line refreshes in place; otherwise (log files, CI) a plain line is written every
+    ``every`` updates and at the last step.
+    """
+
+    def __init__(self, total_steps: int, *, every: int = 10, stream: TextIO | None = None) -> None:
+        self.total_steps = total_steps
+        self.every = max(1, every)
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._updates = 0
+        self._start: tuple[float, int] | None = None  # (time, step) of the first update, for the ETA
+        self._width = 0
+
+    def format(self, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float | None) -> str:
+        """The progress line for one update (also records the ETA reference point)."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = (now, step)
+        pct = 100.0 * step / self.total_steps if self.total_steps > 0 else 100.0
+        parts = [
+            f"step {step}/{self.total_steps} ({pct:.1f}%)",
+            f"loss {loss:.4f}",
+            f"lr {lr:.2e}",
+            f"{tokens_per_s / 1e3:,.1f}k tok/s",
+        ]
+        if mfu is not None:
+            parts.append(f"mfu {100 * mfu:.1f}%")
+        t0, s0 = self._start
+        if step > s0:
+            remaining = (now - t0) / (step - s0) * max(0, self.total_steps - step)
+            parts.append(f"eta {_format_duration(remaining)}")
+        return " | ".join(parts)
+
+    def update(self, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float | None) -> None:
+        """Report the state after ``step`` optimizer steps."""
+        line = self.format(step, loss, lr, tokens_per_s, mfu)
+        self._updates += 1
+        if self.tty:
+            # Pad with spaces so a shorter line fully covers the previous one.
+            self.stream.write("\r" + line.ljust(self._width))
+            self._width = max(self._width, len(line))
+        elif (self._updates - 1) % self.every == 0 or step >= self.total_steps:
+            self.stream.write(line + "\n")
+        else:
+            return
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the refreshing line so later output starts on a fresh line."""
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0
+
+
+# Dense (no sparsity) peak throughput from NVIDIA datasheets, FLOP/s. fp32 is plain FP32, not TF32.
+_PEAK_FLOPS: list[tuple[str, float, float]] = [  # (name fragment, bf16/fp16, fp32); first match wins
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100 NVL", 835e12, 60e12),
+    ("H100", 989e12, 67e12),
+    ("H200", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+]
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """Peak dense FLOP/s of one accelerator for ``dtype``; None when unknown (CPU, other GPUs or dtypes)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, half, single in _PEAK_FLOPS:
+        if fragment in name:
+            if dtype in (torch.bfloat16, torch.float16):
+                return half
+            return single if dtype == torch.float32 else None
+    return None
+
+
+def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·d·T (PaLM, Chowdhery et al. 2022, appendix B).
+
+    6N covers the forward and backward matmuls with the weights; 12·L·d·T the attention scores and
+    weighted sums (L layers, d = n_heads·head_dim, context T), counted over the full T×T score matrix as in
+    nanoGPT's ``estimate_mfu``. Whether ``n_params`` includes position embeddings is the caller's choice
+    (nanoGPT excludes them: they are a lookup, not a matmul).
+    """
+    if min(n_params, n_layers, d_model, seq_len) < 0:
+        raise ValueError("flops_per_token arguments must be non-negative")
+    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak: float | None, n_devices: int = 1) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over ``n_devices`` × ``peak``; None when the peak is unknown.
+
+    ``tokens_per_s`` is the throughput of all ``n_devices`` together.
+    """
+    if peak is None or peak <= 0:
+        return None
+    return tokens_per_s * flops_per_tok / (peak * n_devices)
