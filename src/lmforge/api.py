@@ -1,0 +1,48 @@
+"""`load(path)`: a model and its tokenizer from a run dir, a checkpoint dir or a Hugging Face model dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lmforge.errors import LMForgeError
+from lmforge.models import ModelConfig, Transformer
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    from lmforge.config import build_config
+
+    return build_config({"model": d}).model
+
+
+def load(path: str | Path, device: str | torch.device = "cpu"):
+    """(model, tokenizer) from a run dir (its latest good checkpoint), a checkpoint dir, or a Hugging Face model
+    dir (config.json + model.safetensors / pytorch_model.bin). The model is in eval mode; the tokenizer is None
+    when the directory holds none that `Tokenizer.load` reads."""
+    from lmforge.models.hf import import_hf, is_hf_dir
+    from lmforge.tokenizers import Tokenizer
+    from lmforge.train import checkpoint as ckpt
+
+    path = Path(path)
+    if not path.exists():
+        raise LMForgeError(f"checkpoint path not found: {path}")
+    if is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists():
+        model, c = import_hf(path), path
+        try:
+            tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
+        except LMForgeError:
+            tokenizer = None  # e.g. a tokenizer model type lmforge does not wrap
+    else:
+        c = ckpt.latest_checkpoint(path)
+        cfg = ckpt.read_config(c)
+        if "model" not in cfg:
+            raise LMForgeError(f"{c}/config.yaml has no model section")
+        model = Transformer(model_config_from_dict(cfg["model"]))
+        ckpt.load_weights(c, model)
+        tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        raise LMForgeError(
+            f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
+        )
+    return model.to(device).eval(), tokenizer

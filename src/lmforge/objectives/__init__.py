@@ -1,0 +1,7 @@
+"""Pretraining objectives: one file each, registered in OBJECTIVES."""
+
+from lmforge.objectives import causal_lm  # noqa: F401  (registers)
+from lmforge.objectives.base import LossOutput, Objective
+from lmforge.registry import OBJECTIVES
+
+__all__ = ["OBJECTIVES", "LossOutput", "Objective"]

@@ -1,0 +1,58 @@
+"""torch.distributed setup for torchrun launches (NCCL on GPUs, gloo on CPUs)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    """Join the process group torchrun describes through RANK/WORLD_SIZE/LOCAL_RANK; single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend=backend)
+    return info
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def mean_across(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Average a scalar tensor over ranks (for logging the global loss)."""
+    if info.enabled:
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.AVG if dist.get_backend() == "nccl" else dist.ReduceOp.SUM)
+        if dist.get_backend() != "nccl":
+            value /= info.world_size
+    return value
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,117 @@
+"""Everything a run needs before its first step: device, precision, tokenizer and prepared token shards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from lmforge.config import Config
+from lmforge.errors import LMForgeError
+from lmforge.train.distributed import DistInfo, barrier
+
+FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
+
+
+def pick_device(spec: str, dist: DistInfo) -> torch.device:
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", dist.local_rank)
+        return torch.device("cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise LMForgeError(f"train.device: unknown device '{spec}'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LMForgeError("train.device=cuda but no CUDA GPU is available")
+    return dev
+
+
+def autocast_for(device: torch.device, precision: str):
+    """bf16 autocast on GPUs that support it (precision=auto|bf16), plain fp32 otherwise."""
+    if precision == "fp32":
+        return nullcontext()
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _input_paths(cfg: Config) -> list[Path] | None:
+    if not cfg.data.inputs:
+        return None
+    paths = [Path(p) for p in cfg.data.inputs]
+    for p in paths:
+        if not p.exists():
+            raise LMForgeError(f"corpus path not found: {p}")
+    return paths
+
+
+def _training_texts(paths: list[Path] | None) -> list[str]:
+    from lmforge.data import load_default_corpus, read_documents
+
+    return load_default_corpus() if paths is None else list(read_documents(paths))
+
+
+def fingerprint(tok_dir: Path) -> str:
+    return hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()[:16]
+
+
+def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
+    """The run's tokenizer: data.tokenizer if given, else one trained on the inputs (rank 0) and saved in the run."""
+    from lmforge.tokenizers import Tokenizer, train_tokenizer
+
+    if cfg.data.tokenizer:
+        return Tokenizer.load(Path(cfg.data.tokenizer))
+    tok_dir = run_dir / "tokenizer"
+    if dist.is_main and not (tok_dir / "tokenizer.json").exists():
+        texts = _training_texts(_input_paths(cfg))
+        family = FAMILY_BY_ARCH[cfg.model.arch]
+        tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family)
+        tok.save(tok_dir)
+    barrier(dist)
+    return Tokenizer.load(tok_dir)
+
+
+def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
+    """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0)."""
+    from lmforge.data import prepare
+
+    if cfg.data.prepared:
+        data_dir = Path(cfg.data.prepared)
+        if not (data_dir / "meta.json").is_file():
+            raise LMForgeError(f"data.prepared: {data_dir} is not a prepared data dir (no meta.json)")
+    else:
+        data_dir = run_dir / "data"
+        if dist.is_main and not (data_dir / "meta.json").is_file():
+            prepare(
+                _input_paths(cfg),
+                data_dir,
+                tokenizer,
+                val_fraction=cfg.data.val_fraction,
+                clean=cfg.data.clean,
+                seed=cfg.run.seed,
+            )
+        barrier(dist)
+    meta = json.loads((data_dir / "meta.json").read_text())
+    if meta.get("vocab_size", 0) > tokenizer.vocab_size:
+        raise LMForgeError(
+            f"prepared data in {data_dir} was tokenized with {meta['vocab_size']} tokens, "
+            f"but the tokenizer has {tokenizer.vocab_size}"
+        )
+    return data_dir
+
+
+def check_vocab(cfg: Config, tokenizer, trained_here: bool) -> None:
+    """A run-trained tokenizer sets model.vocab_size; a given one must fit in the model's embedding table."""
+    if trained_here:
+        cfg.model.vocab_size = tokenizer.vocab_size
+    elif cfg.model.vocab_size < tokenizer.vocab_size:
+        raise LMForgeError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {cfg.model.vocab_size}: "
+            f"set --model.vocab_size={tokenizer.vocab_size} or use a matching tokenizer"
+        )

@@ -1,0 +1,269 @@
+"""The training loop. It knows models, an objective's `transform` and `loss`, and nothing of families."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from lmforge.config import Config, save_config, to_dict
+from lmforge.errors import LMForgeError
+from lmforge.models import Transformer
+from lmforge.objectives import OBJECTIVES
+from lmforge.train import checkpoint as ckpt
+from lmforge.train.distributed import DistInfo, cleanup, init_distributed, mean_across
+from lmforge.train.metrics import MetricsLogger, Progress, flops_per_token, peak_flops, plot_metrics
+from lmforge.train.metrics import mfu as compute_mfu
+from lmforge.train.optim import build_optimizer, build_scheduler
+from lmforge.train.setup import autocast_for, check_vocab, load_or_train_tokenizer, pick_device, prepare_data
+
+# Config sections that must not change when a run resumes (train.* may: e.g. a longer max_steps).
+FROZEN_ON_RESUME = ("model", "data", "objective")
+
+
+class Trainer:
+    """Builds a run from a Config and trains it: `Trainer(cfg, resume=False).fit()`."""
+
+    def __init__(self, cfg: Config, resume: bool = False) -> None:
+        self.cfg, self.resume = cfg, resume
+        self.run_dir = Path(cfg.run.dir)
+        self.dist: DistInfo = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(cfg.train.device, self.dist)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        torch.manual_seed(cfg.run.seed)
+        self._check_resume()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, self.dist)
+        check_vocab(cfg, self.tokenizer, trained_here=not cfg.data.tokenizer)
+        self.data_dir = prepare_data(cfg, self.run_dir, self.tokenizer, self.dist)
+        self.objective = OBJECTIVES.get(cfg.objective.name)(cfg, self.tokenizer)
+        self._build_model()
+        self._build_loaders()
+        self.start_step = 0
+        if resume:
+            self._restore()
+        if self.dist.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+        # A fresh run drops metrics left by an attempt that died before its first checkpoint.
+        self.log = MetricsLogger(self.run_dir, resume_step=self.start_step) if self.dist.is_main else None
+
+    # --- construction -------------------------------------------------------------------------------------
+
+    def _check_resume(self) -> None:
+        if self.resume:
+            self.resume_from = ckpt.latest_checkpoint(self.run_dir)
+            old = ckpt.read_config(self.resume_from)
+            new = to_dict(self.cfg)
+            for section in FROZEN_ON_RESUME:
+                for key, value in new[section].items():
+                    if section == "model" and key == "vocab_size":
+                        continue  # set from the run's tokenizer
+                    if old.get(section, {}).get(key) != value:
+                        was = old.get(section, {}).get(key)
+                        raise LMForgeError(
+                            f"cannot resume: {section}.{key} changed since the checkpoint ({was!r} → {value!r})"
+                        )
+        elif (self.run_dir / "checkpoints").is_dir() and any((self.run_dir / "checkpoints").iterdir()):
+            raise LMForgeError(
+                f"run dir {self.run_dir} already has checkpoints: pass --resume to continue it, "
+                "or choose another --run.dir"
+            )
+
+    def _build_model(self) -> None:
+        cfg = self.cfg
+        self.model = Transformer(cfg.model).to(self.device)
+        self.raw_model = self.model
+        self.optimizer = build_optimizer(self.model, cfg.train, self.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train)
+        if cfg.train.compile:
+            self.model = torch.compile(self.model)
+        if self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.model, device_ids=ids)
+        self.autocast = autocast_for(self.device, cfg.train.precision)
+        n_params = self.raw_model.num_params(non_embedding=True)
+        self.flops_per_token = flops_per_token(n_params, cfg.model.n_layers, cfg.model.d_model, cfg.train.seq_len)
+        self.peak = peak_flops(self.device, torch.bfloat16 if cfg.train.precision != "fp32" else torch.float32)
+
+    def _build_loaders(self) -> None:
+        from lmforge.data import TokenLoader
+
+        t = self.cfg.train
+        kw = dict(seq_len=t.seq_len, batch_size=t.batch_size, seed=self.cfg.run.seed)
+        self.train_loader = TokenLoader(
+            self.data_dir, "train", rank=self.dist.rank, world_size=self.dist.world_size, **kw
+        )
+        self.val_loader = TokenLoader(self.data_dir, "val", **kw)
+        self.train_iter = iter(self.train_loader)
+
+    def _restore(self) -> None:
+        ckpt.load_weights(self.resume_from, self.raw_model)
+        state = ckpt.load_train_state(self.resume_from)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.train_loader.load_state_dict(state["loader"][self.dist.rank])
+        self.train_iter = iter(self.train_loader)
+        ckpt.restore_rng_state(state["rng"])
+        self.start_step = int(state["step"])
+
+    # --- the loop ------------------------------------------------------------------------------------------
+
+    def _micro_step(self, last: bool) -> torch.Tensor:
+        batch = self.objective.transform(next(self.train_iter))
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        # DDP: all-reduce gradients only on the last micro-batch of an accumulation.
+        sync = self.model.no_sync() if self.dist.enabled and not last else nullcontext()
+        with sync:
+            with self.autocast:
+                out = self.objective.loss(self.model, batch)
+            (out.loss / self.cfg.train.grad_accum).backward()
+        return out.loss.detach()
+
+    def train_step(self) -> tuple[float, float, bool]:
+        """One optimizer step over grad_accum micro-batches → (mean loss, grad norm, skipped)."""
+        t = self.cfg.train
+        losses = [self._micro_step(i == t.grad_accum - 1) for i in range(t.grad_accum)]
+        loss = mean_across(torch.stack(losses).mean(), self.dist)
+        params = self.raw_model.parameters()
+        if t.grad_clip > 0:
+            gnorm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        else:
+            gnorm = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in self.raw_model.parameters() if p.grad is not None])
+            )
+        finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(gnorm))
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(loss), float(gnorm), not finite
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (nats/token), perplexity and bits per byte over the deterministic val pass."""
+        self.model.eval()
+        total, n = 0.0, 0
+        for tokens in self.val_loader.eval_batches(self.cfg.train.eval_batches):
+            batch = {k: v.to(self.device) for k, v in self.objective.transform(tokens).items()}
+            with self.autocast:
+                out = self.objective.loss(self.raw_model, batch)
+            total += float(out.loss) * out.n_tokens
+            n += out.n_tokens
+        self.model.train()
+        loss = total / max(n, 1)
+        meta = self.val_loader.meta
+        bytes_per_token = meta["val"]["n_bytes"] / max(1, meta["val"]["n_tokens"])
+        return {
+            "val_loss": loss,
+            "val_ppl": math.exp(min(loss, 50)),
+            "val_bpb": loss / math.log(2) / bytes_per_token,
+        }
+
+    def save(self, step: int) -> None:
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "loader": self._gather_loader_states(),
+            "rng": ckpt.capture_rng_state(),
+            "step": step,
+        }
+        if self.dist.is_main:
+            ckpt.save_checkpoint(
+                self.run_dir,
+                step,
+                self.raw_model,
+                config=to_dict(self.cfg),
+                tokenizer=self.tokenizer,
+                train_state=state,
+                keep_last=self.cfg.train.keep_last,
+            )
+
+    def _gather_loader_states(self) -> list[dict]:
+        state = self.train_loader.state_dict()
+        if not self.dist.enabled:
+            return [state]
+        out: list = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(out, state)
+        return out
+
+    def fit(self) -> dict[str, float]:
+        """Train from start_step to train.max_steps; returns the last validation metrics."""
+        t = self.cfg.train
+        self.progress = Progress(t.max_steps, every=1) if self.dist.is_main else None
+        self.clock = Throughput(t.batch_size * t.seq_len * t.grad_accum * self.dist.world_size, self.start_step)
+        self.model.train()
+        nonfinite, last_eval = 0, {}
+        try:
+            for step in range(self.start_step, t.max_steps):
+                loss, gnorm, skipped = self.train_step()
+                done = step + 1
+                nonfinite = self._count_nonfinite(done, skipped, nonfinite)
+                if done % t.log_every == 0 or done == t.max_steps:
+                    self._log_train(done, loss, gnorm)
+                with self.clock.paused():
+                    if done % t.eval_every == 0 or done == t.max_steps:
+                        last_eval = self.evaluate()
+                        if self.dist.is_main:
+                            self.log.log(done, **last_eval)
+                    if done % t.save_every == 0 or done == t.max_steps:
+                        self.save(done)
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+        if self.dist.is_main:
+            plot_metrics(self.run_dir)
+        cleanup(self.dist)
+        return last_eval
+
+    def _count_nonfinite(self, done: int, skipped: bool, count: int) -> int:
+        if not skipped:
+            return 0
+        count += 1
+        print(f"warning: step {done}: non-finite loss or gradient, step skipped", file=sys.stderr)
+        if count >= self.cfg.train.max_nonfinite:
+            raise LMForgeError(
+                f"stopping at step {done}: {count} consecutive steps with non-finite loss or gradients "
+                "(lower train.lr or check the data)"
+            )
+        return count
+
+    def _log_train(self, done: int, loss: float, gnorm: float) -> None:
+        tps = self.clock.tokens_per_s(done)
+        mfu = compute_mfu(tps, self.flops_per_token, self.peak, n_devices=self.dist.world_size)
+        lr = self.scheduler.get_last_lr()[0]
+        if self.dist.is_main:
+            self.log.log(done, loss=loss, lr=lr, grad_norm=gnorm, tokens_per_s=tps, mfu=mfu)
+            self.progress.update(done, loss, lr, tps, mfu)
+
+
+class Throughput:
+    """Tokens/s over the steps since the last reading, excluding time spent evaluating and saving."""
+
+    def __init__(self, tokens_per_step: int, step: int) -> None:
+        self.tokens_per_step, self.step = tokens_per_step, step
+        self.t0, self.excluded = time.perf_counter(), 0.0
+
+    @contextmanager
+    def paused(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t
+
+    def tokens_per_s(self, step: int) -> float:
+        now = time.perf_counter()
+        rate = self.tokens_per_step * (step - self.step) / max(now - self.t0 - self.excluded, 1e-9)
+        self.step, self.t0, self.excluded = step, now, 0.0
+        return rate
+
+
+def train(cfg: Config, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
+    trainer = Trainer(cfg, resume=resume)
+    return trainer, trainer.fit()

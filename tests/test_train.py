@@ -1,0 +1,157 @@
+"""Training end to end: the CLI in a subprocess, exact resume, DDP equivalence, one-line errors for bad input."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmforge.data import load_default_corpus, prepare
+from lmforge.tokenizers import train_tokenizer
+
+TINY = ["--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=64", "--train.warmup_steps=5"]
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lmforge.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """About 400 KB of the bundled corpus as one jsonl file."""
+    d = tmp_path_factory.mktemp("corpus")
+    docs = load_default_corpus()[:40]
+    path = d / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> tuple[Path, Path]:
+    """A tokenizer dir and prepared token shards shared by the tests that train."""
+    d = tmp_path_factory.mktemp("prepared")
+    tok = train_tokenizer([t for t in load_default_corpus()[:40]], "bpe", 512, family="gpt")
+    tok.save(d / "tok")
+    prepare([corpus], d / "data", tok, val_fraction=0.1)
+    return d / "tok", d / "data"
+
+
+def test_cli_pretrains_and_generates(corpus, tmp_path):
+    run = tmp_path / "run"
+    args = ["pretrain", "gpt", f"--run.dir={run}", f"--data.inputs=[{corpus}]", "--data.vocab_size=512", *TINY]
+    args += ["--train.max_steps=80", "--train.lr=3e-3", "--train.eval_every=40", "--train.save_every=40"]
+    args += ["--train.log_every=1"]
+    res = run_cli(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "unigram baseline" in res.stdout and "--- sample" in res.stdout
+    rows = metrics(run)
+    train = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in evals] == [40, 80]
+    assert train[0]["loss"] > 6.0  # ln(512) = 6.24: a fresh model is near uniform
+    assert train[-1]["loss"] < train[0]["loss"] - 1.0
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    for step in (40, 80):
+        ck = run / "checkpoints" / f"step_{step}"
+        assert (ck / "model.safetensors").stat().st_size > 0
+        assert (ck / "tokenizer.json").is_file() and (ck / "config.yaml").is_file()
+    assert (run / "config.yaml").is_file() and (run / "plots" / "loss.png").stat().st_size > 1000
+    gen = run_cli("generate", str(run), "--prompt", "The", "--max-new-tokens", "12", "--greedy", cwd=tmp_path)
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.startswith("The") and len(gen.stdout.strip()) > 3
+
+
+def test_resume_continues_exactly(prepared, tmp_path):
+    tok, data = prepared
+    common = [f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY, "--model.vocab_size=512"]
+    common += ["--train.max_steps=12", "--train.log_every=1", "--train.eval_every=100", "--train.deterministic"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    res = run_cli("pretrain", "gpt", f"--run.dir={full}", "--train.save_every=6", *common, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    # Pretend the run died after step 6: keep only its step-6 checkpoint, then resume.
+    shutil.copytree(full, part)
+    shutil.rmtree(part / "checkpoints" / "step_12")
+    res = run_cli("pretrain", "gpt", f"--run.dir={part}", "--train.save_every=6", "--resume", *common, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    a = [r["loss"] for r in metrics(full) if "loss" in r]
+    b = [r["loss"] for r in metrics(part) if "loss" in r]
+    assert [r["step"] for r in metrics(part) if "loss" in r] == list(range(1, 13))  # no duplicates, no gaps
+    assert a == b  # steps 7-12 recomputed after the restart give the same losses: same data, no replay
+
+
+def test_resume_refuses_a_changed_model(prepared, tmp_path):
+    tok, data = prepared
+    common = [f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY, "--model.vocab_size=512"]
+    run = f"--run.dir={tmp_path / 'run'}"
+    assert run_cli("pretrain", "gpt", run, "--train.max_steps=2", *common, cwd=tmp_path).returncode == 0
+    res = run_cli(
+        "pretrain", "gpt", run, "--train.max_steps=4", "--resume", "--model.d_model=32", *common, cwd=tmp_path
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip() == "error: cannot resume: model.d_model changed since the checkpoint (64 → 32)"
+    again = run_cli("pretrain", "gpt", run, "--train.max_steps=4", *common, cwd=tmp_path)
+    assert again.returncode == 2 and "already has checkpoints: pass --resume" in again.stderr
+
+
+def test_two_process_ddp_equals_one_process_with_double_batch(prepared, tmp_path):
+    tok, data = prepared
+    common = [f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY[:1], "--train.seq_len=64"]
+    common += ["--model.vocab_size=512", "--train.max_steps=4", "--train.log_every=1", "--train.eval_every=100"]
+    single = run_cli("pretrain", "gpt", f"--run.dir={tmp_path / 'one'}", "--train.batch_size=8", *common, cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+         "-m", "lmforge.cli", "pretrain", "gpt", f"--run.dir={tmp_path / 'two'}", "--train.batch_size=4", *common],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    a = [r["loss"] for r in metrics(tmp_path / "one") if "loss" in r]
+    b = [r["loss"] for r in metrics(tmp_path / "two") if "loss" in r]
+    assert len(a) == len(b) == 4
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", "error: corpus path not found: {tmp}/nope.txt"),
+        ("unknown_key", "error: unknown config key 'train.lrr' — did you mean 'train.lr'?"),
+        ("bad_type", "error: train.lr: expected a number, got 'fast'"),
+        ("vocab", "error: tokenizer has 512 tokens but model.vocab_size is 300"),
+        ("empty", "error: {tmp}/empty.txt: empty file (no documents)"),
+        ("binary", "error: {tmp}/blob.txt: binary file (contains NUL bytes; text must be UTF-8)"),
+    ],
+)
+def test_bad_input_gives_one_line_and_nonzero_exit(case, expected, prepared, tmp_path):
+    tok, data = prepared
+    run = f"--run.dir={tmp_path / 'run'}"
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 20)
+    args = {
+        "missing": [f"--data.inputs=[{tmp_path / 'nope.txt'}]"],
+        "unknown_key": ["--train.lrr=1e-3"],
+        "bad_type": ["--train.lr=fast"],
+        "vocab": [f"--data.tokenizer={tok}", f"--data.prepared={data}", "--model.vocab_size=300"],
+        "empty": [f"--data.inputs=[{tmp_path / 'empty.txt'}]"],
+        "binary": [f"--data.inputs=[{tmp_path / 'blob.txt'}]"],
+    }[case]
+    res = run_cli("pretrain", "gpt", run, *TINY, *args, cwd=tmp_path)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(expected.format(tmp=tmp_path)), lines[0]
+    assert "Traceback" not in res.stderr
