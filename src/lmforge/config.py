@@ -46,6 +46,9 @@ class DataConfig:
 @dataclass
 class ObjectiveConfig:
     name: str = "causal_lm"
+    """A registered objective (see `lmforge.objectives`)."""
+    options: Any = None
+    """The objective's own typed options (its `Options` dataclass), given as the other keys of the section."""
 
 
 @dataclass
@@ -281,13 +284,31 @@ def build_config(raw: dict) -> Config:
         base = dataclasses.asdict(get_preset(str(preset)))
         model_raw = {**base, **model_raw}
     raw["model"] = model_raw
+    objective_raw = dict(raw.pop("objective", None) or {})
     cfg = _build(Config, raw, "", _all_keys(Config) + ["model.preset"])
+    cfg.objective = build_objective_config(objective_raw)
     cfg.model.validate()
     return cfg
 
 
+def build_objective_config(raw: dict) -> ObjectiveConfig:
+    """`name` picks the objective; every other key is validated against that objective's Options dataclass."""
+    from lmforge.objectives import OBJECTIVES
+
+    if not isinstance(raw, dict):
+        raise LMForgeError(f"objective: expected a mapping, got {raw!r}")
+    name = str(raw.pop("name", ObjectiveConfig.name))
+    options_cls = OBJECTIVES.get(name).Options
+    keys = [f"objective.{k}" for k in _all_keys(options_cls)] + ["objective.name"]
+    return ObjectiveConfig(name, _build(options_cls, raw, "objective.", keys))
+
+
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """The resolved config as a plain dict that is itself a valid recipe (objective options flattened)."""
+    d = dataclasses.asdict(cfg)
+    options = d["objective"].pop("options") or {}
+    d["objective"].update(options)
+    return d
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -16,15 +16,43 @@ class LossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class NoOptions:
+    """An objective without options."""
+
+
 class Objective:
     """Base class. `transform` turns a packed token window batch into model inputs + targets (vectorised, run on
-    the fly so masking is dynamic); `loss` runs the model and scores it."""
+    the fly so masking is dynamic); `loss` runs the model and scores it.
+
+    Subclasses set `Options` (a dataclass: the recipe's `objective.*` keys, validated by the config loader) and may
+    override `build_model` (e.g. ELECTRA's generator + discriminator pair) and `make_loader` (e.g. sentence-pair
+    sampling for NSP); the defaults are one `Transformer` and the packed-window `TokenLoader`."""
 
     name: str = ""
+    Options: type = NoOptions
+    language_model: bool = False
+    """Scores every next token of the text, so validation also reports perplexity and bits per byte."""
 
     def __init__(self, cfg, tokenizer) -> None:
         self.cfg = cfg
+        self.options = cfg.objective.options
         self.tokenizer = tokenizer
+
+    def build_model(self, model_cfg) -> nn.Module:
+        from lmforge.models import Transformer
+
+        return Transformer(model_cfg)
+
+    def make_loader(self, data_dir, split: str, *, rank: int = 0, world_size: int = 1):
+        """An iterable of (B, T + 1) token windows with state_dict()/load_state_dict() and eval_batches(n)."""
+        from lmforge.data import TokenLoader
+
+        t = self.cfg.train
+        return TokenLoader(
+            data_dir, split, seq_len=t.seq_len, batch_size=t.batch_size, rank=rank, world_size=world_size,
+            seed=self.cfg.run.seed,
+        )  # fmt: skip
 
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         """tokens: (B, T + 1) packed token windows → a batch dict of tensors."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -13,7 +14,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmforge.config import Config, save_config, to_dict
 from lmforge.errors import LMForgeError
-from lmforge.models import Transformer
 from lmforge.objectives import OBJECTIVES
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, mean_across
@@ -77,7 +77,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         cfg = self.cfg
-        self.model = Transformer(cfg.model).to(self.device)
+        self.model = self.objective.build_model(cfg.model).to(self.device)
         self.raw_model = self.model
         self.optimizer = build_optimizer(self.model, cfg.train, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
@@ -87,19 +87,15 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.model, device_ids=ids)
         self.autocast = autocast_for(self.device, cfg.train.precision)
-        n_params = self.raw_model.num_params(non_embedding=True)
+        count = getattr(self.raw_model, "num_params", None)
+        n_params = count(non_embedding=True) if count else sum(p.numel() for p in self.raw_model.parameters())
         self.flops_per_token = flops_per_token(n_params, cfg.model.n_layers, cfg.model.d_model, cfg.train.seq_len)
         self.peak = peak_flops(self.device, torch.bfloat16 if cfg.train.precision != "fp32" else torch.float32)
 
     def _build_loaders(self) -> None:
-        from lmforge.data import TokenLoader
-
-        t = self.cfg.train
-        kw = dict(seq_len=t.seq_len, batch_size=t.batch_size, seed=self.cfg.run.seed)
-        self.train_loader = TokenLoader(
-            self.data_dir, "train", rank=self.dist.rank, world_size=self.dist.world_size, **kw
-        )
-        self.val_loader = TokenLoader(self.data_dir, "val", **kw)
+        d = self.dist
+        self.train_loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
+        self.val_loader = self.objective.make_loader(self.data_dir, "val")
         self.train_iter = iter(self.train_loader)
 
     def _restore(self) -> None:
@@ -157,7 +153,9 @@ class Trainer:
             n += out.n_tokens
         self.model.train()
         loss = total / max(n, 1)
-        meta = self.val_loader.meta
+        if not self.objective.language_model:
+            return {"val_loss": loss}
+        meta = json.loads((self.data_dir / "meta.json").read_text())
         bytes_per_token = meta["val"]["n_bytes"] / max(1, meta["val"]["n_tokens"])
         return {
             "val_loss": loss,
