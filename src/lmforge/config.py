@@ -36,6 +36,9 @@ class DataConfig:
     tokenizer: str | None = None
     """A tokenizer dir/file to use; None = train one on the inputs."""
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
+    tokenizer_family: Literal["gpt", "bert", "t5", "bart", "llama"] | None = None
+    """Special-token set of a tokenizer trained for this run (None: gpt for decoders, bert for encoders,
+    t5 for encoder-decoders)."""
     vocab_size: int = 4096
     """Vocabulary size of a tokenizer trained for this run."""
     val_fraction: float = 0.05

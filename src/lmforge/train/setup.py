@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from contextlib import nullcontext
 from pathlib import Path
@@ -57,10 +56,6 @@ def _training_texts(paths: list[Path] | None) -> list[str]:
     return load_default_corpus() if paths is None else list(read_documents(paths))
 
 
-def fingerprint(tok_dir: Path) -> str:
-    return hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()[:16]
-
-
 def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
     """The run's tokenizer: data.tokenizer if given, else one trained on the inputs (rank 0) and saved in the run."""
     from lmforge.tokenizers import Tokenizer, train_tokenizer
@@ -70,7 +65,7 @@ def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
     tok_dir = run_dir / "tokenizer"
     if dist.is_main and not (tok_dir / "tokenizer.json").exists():
         texts = _training_texts(_input_paths(cfg))
-        family = FAMILY_BY_ARCH[cfg.model.arch]
+        family = cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
         tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family)
         tok.save(tok_dir)
     barrier(dist)
