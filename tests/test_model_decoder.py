@@ -62,7 +62,8 @@ def test_gpt1_is_post_ln_with_tied_embeddings():
 
 
 def test_parameter_count_of_gpt2_124m():
-    n = Transformer(get_preset("gpt2-124m")).num_params()
+    with torch.device("meta"):  # shapes only
+        n = Transformer(get_preset("gpt2-124m")).num_params()
     assert round(n / 1e6) == 124
 
 

@@ -66,11 +66,16 @@ def test_learned_positions_lookup_and_limit() -> None:
     lp = LearnedPositions(max_seq_len=8, d_model=4)
     pos = torch.arange(8).expand(2, 8)
     assert torch.equal(lp(pos), lp.emb.weight[pos])
+    # The module is a plain lookup (no device sync); the model checks lengths on Python ints instead.
+    from lmforge.models import Transformer, get_preset
+
+    model = Transformer(get_preset("gpt-tiny", max_seq_len=8))
     with pytest.raises(LMForgeError) as err:
-        lp(torch.arange(10))
+        model(torch.zeros(1, 10, dtype=torch.long))
     assert str(err.value) == "sequence of length 10 exceeds max_seq_len 8 for learned positions"
+    cache = model(torch.zeros(1, 8, dtype=torch.long), use_cache=True).cache
     with pytest.raises(LMForgeError, match="length 9 exceeds max_seq_len 8"):
-        lp(torch.tensor([[8]]))  # a single decoding step past the end (KV cache)
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)  # a single decoding step past the end
 
 
 # -------------------------------------------------------------------------------------------- RoPE

@@ -39,10 +39,31 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
         if "model" not in cfg:
             raise LMForgeError(f"{c}/config.yaml has no model section")
         model = Transformer(model_config_from_dict(cfg["model"]))
-        ckpt.load_weights(c, model)
+        _load_run_weights(c, model, cfg)
         tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise LMForgeError(
             f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
     return model.to(device).eval(), tokenizer
+
+
+def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
+    """Load a checkpoint's weights into `model`. An objective that trains several networks (ELECTRA's generator
+    and discriminator) names, as `export_module`, the one that `config.yaml`'s model section describes and
+    `load` returns; the other networks' weights stay in the checkpoint."""
+    from torch import nn
+
+    from lmforge.objectives import OBJECTIVES
+    from lmforge.train import checkpoint as ckpt
+
+    name = (cfg.get("objective") or {}).get("name")
+    prefix = getattr(OBJECTIVES.get(name), "export_module", "") if name in OBJECTIVES else ""
+    if not prefix:
+        ckpt.load_weights(c, model)
+        return
+    holder = nn.Module()
+    holder.add_module(prefix, model)
+    missing, _ = ckpt.load_weights(c, holder, strict=False)
+    if missing:
+        raise LMForgeError(f"checkpoint does not match the model: key '{missing[0]}' is missing from the checkpoint")

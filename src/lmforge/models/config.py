@@ -73,10 +73,24 @@ class ModelConfig:
     """BERT/RoBERTa/ELECTRA MLM head: dense + activation + norm before the vocabulary projection."""
     lm_head_bias: bool = False
     scale_tied_logits: bool = False
-    """T5 (v1.0) rescales the decoder output by d_model**-0.5 when the LM head is tied."""
+    """Rescale hidden states by d_model**-0.5 before the LM head: T5 v1.0 does, as its head is the tied
+    embedding matrix (initialised with std 1)."""
     pooler: bool = False
     """BERT pooler: dense + tanh over the first token."""
+    rtd_head: bool = False
+    """ELECTRA discriminator head: dense + activation + one replaced-token logit per position."""
+    nsp_head: bool = False
+    """BERT next-sentence (ALBERT sentence-order) classifier: two logits from the pooled first token."""
+    mtp_heads: int = 0
+    """Multi-token prediction (decoders): extra heads predicting tokens t+2 .. t+1+mtp_heads (models/mtp.py);
+    they only run when training asks for them, so inference uses the next-token head alone."""
+    mtp_sequential: bool = False
+    """DeepSeek-V3 §2.2 sequential MTP modules (depth k sees depth k-1 and the embedding of token t+k) instead of
+    Gloeckle et al.'s independent heads on the shared trunk."""
+    mtp_head: Literal["block", "linear"] = "block"
+    """A parallel MTP head: one transformer block or one linear layer (sequential depths are always blocks)."""
     pad_id: int = 0
+    """Padding token id (exported as the Hugging Face pad_token_id; collators pad with it)."""
     decoder_start_id: int = 0
     """First decoder input of an encoder-decoder (T5: pad, BART: </s>)."""
     dropout: float = 0.0
@@ -103,12 +117,46 @@ class ModelConfig:
         """Raise LMForgeError for inconsistent fields."""
         from lmforge.errors import LMForgeError
 
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise LMForgeError(f"model.{name} must be positive, got {getattr(self, name)}")
+        for name in ("n_decoder_layers", "n_kv_heads", "head_dim", "embedding_dim"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise LMForgeError(f"model.{name} must be positive or null, got {value}")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise LMForgeError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.n_heads % self.kv_heads:
             raise LMForgeError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.kv_heads}")
         if self.position == "rope" and self.dim_head % 2:
             raise LMForgeError("rope needs an even head dimension")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise LMForgeError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.mask != "causal" and self.arch != "decoder":
+            raise LMForgeError(f"model.mask='{self.mask}' applies to decoder-only models, not arch '{self.arch}'")
+        if self.share_encoder_decoder:
+            if self.arch != "encoder-decoder":
+                raise LMForgeError("model.share_encoder_decoder needs arch 'encoder-decoder'")
+            if self.decoder_layers != self.n_layers:
+                raise LMForgeError(
+                    f"model.share_encoder_decoder needs as many decoder layers as encoder layers "
+                    f"({self.decoder_layers} != {self.n_layers})"
+                )
+        if self.position == "t5_bias" and (self.rel_buckets < 4 or self.rel_max_distance <= self.rel_buckets // 2):
+            raise LMForgeError(
+                f"model.rel_buckets={self.rel_buckets} and model.rel_max_distance={self.rel_max_distance}: "
+                "T5 buckets need rel_buckets >= 4 and rel_max_distance > rel_buckets // 2"
+            )
+        if self.nsp_head and not self.pooler:
+            raise LMForgeError("model.nsp_head classifies the pooled first token: it needs model.pooler=true")
+        if self.position_offset < 0:
+            raise LMForgeError(f"model.position_offset must be >= 0, got {self.position_offset}")
+        self._validate_mtp()
+
+    def _validate_mtp(self) -> None:
+        from lmforge.errors import LMForgeError
+
+        if self.mtp_heads < 0:
+            raise LMForgeError(f"model.mtp_heads must be >= 0, got {self.mtp_heads}")
+        if self.mtp_heads and (self.arch != "decoder" or self.mask != "causal" or not self.lm_head):
+            raise LMForgeError("model.mtp_heads needs a causal decoder with an LM head (arch 'decoder', mask 'causal')")
+        if self.mtp_heads and (self.embedding_dim or self.d_model) != self.d_model:
+            raise LMForgeError("model.mtp_heads needs model.embedding_dim equal to model.d_model (or null)")

@@ -102,8 +102,10 @@ class AttnInputs:
     is_causal: bool = False
     """Use SDPA's built-in causal mask (only when mask is None and there is no cache offset)."""
     positions: Tensor | None = None
-    """Absolute query positions (Tq,) or (B, Tq) — for RoPE and Shaw relative positions."""
-    key_positions: Tensor | None = None
+    """Absolute positions of the new tokens (Tq,) or (B, Tq), for RoPE (rotates queries and new keys)."""
+    query_index: Tensor | None = None
+    """Sequence indices of the queries (Tq,) and of all keys (Tk,), for Shaw relative positions."""
+    key_index: Tensor | None = None
     cache: KVCache | None = None
 
 
@@ -155,7 +157,9 @@ class Attention(nn.Module):
                 k, v = inp.cache.append(layer, k, v)
         mask = inp.mask
         if self.shaw is not None:
-            rel = self.shaw(q, inp.positions, inp.key_positions)  # (B, H, Tq, Tk), already scaled
+            rel = self.shaw(q, inp.query_index, inp.key_index)  # (B, H, Tq, Tk), scaled by 1/sqrt(hd)
+            if self.scale == 1.0:  # unscaled attention (T5-style): undo the shaw module's 1/sqrt(hd)
+                rel = rel * math.sqrt(self.hd)
             mask = rel if mask is None else mask + rel
         if self.n_kv != self.n_heads:  # grouped-query: each kv head serves n_heads // n_kv query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)

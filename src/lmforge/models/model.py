@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.models.layers import KVCache, activation_fn, make_norm
+from lmforge.models.mtp import MTPHeads
 from lmforge.models.stack import Stack
 
 
@@ -26,6 +27,26 @@ class ModelOutput:
     encoder_last_hidden_state: Tensor | None = None
     pooled: Tensor | None = None
     """(B, d_model) BERT pooler output over the first token."""
+    rtd_logits: Tensor | None = None
+    """(B, T) ELECTRA discriminator logits: > 0 means "this token was replaced"."""
+    nsp_logits: Tensor | None = None
+    """(B, 2) BERT next-sentence / ALBERT sentence-order logits over the pooled output (class 0 = in order)."""
+    mtp_logits: list[Tensor] | None = None
+    """Multi-token prediction (forward(..., mtp=True)): per depth k = 1..mtp_heads, (B, T - k, V) logits of
+    token t + k + 1 at position t."""
+
+
+class RTDHead(nn.Module):
+    """ELECTRA §2 discriminator head: dense + activation, then one replaced-token logit per position."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, 1)
+        self.act = activation_fn(cfg.activation)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.act(self.dense(h))).squeeze(-1)  # (B, T)
 
 
 class Transformer(nn.Module):
@@ -45,6 +66,10 @@ class Transformer(nn.Module):
             self.decoder = Stack(cfg, n, kind, cross=cfg.arch == "encoder-decoder")
         if cfg.pooler:
             self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
+        if cfg.rtd_head:
+            self.rtd_head = RTDHead(cfg)
+        if cfg.nsp_head:  # BERT §3.1 Task #2: a 2-way classifier on the pooled [CLS] output
+            self.nsp_head = nn.Linear(cfg.d_model, 2)
         if cfg.lm_head:
             head_in = cfg.d_model
             if cfg.lm_head_transform:  # BERT MLM head: dense + act + norm (to E for ALBERT), then tied decoder
@@ -52,14 +77,25 @@ class Transformer(nn.Module):
                 self.head_norm = make_norm(cfg, emb_dim)
                 head_in = emb_dim
             self.lm_head = nn.Linear(head_in, cfg.vocab_size, bias=cfg.lm_head_bias)
+        if cfg.mtp_heads:  # registered last: the trunk initialises exactly as without heads
+            self.mtp = MTPHeads(cfg)
+        self._init_all()
+        if cfg.arch == "encoder-decoder" and cfg.share_encoder_decoder:
+            self._share_encoder_decoder()
+        self.tie_weights()
+
+    @torch.no_grad()
+    def _init_all(self) -> None:
+        cfg = self.config
         self.apply(self._init_weights)
+        q_dim = cfg.n_heads * cfg.dim_head
         for name, p in self.named_parameters():
             # GPT-2 §2.3: scale residual-path projections by 1/sqrt(N) at init, N = number of residual layers.
             if name.endswith(("attn.o.weight", "mlp.down.weight")):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
-        if cfg.arch == "encoder-decoder" and cfg.share_encoder_decoder:
-            self._share_encoder_decoder()
-        self.tie_weights()
+            # Unscaled attention (T5) folds 1/sqrt(head_dim) into the query initialisation instead (Mesh TF).
+            if not cfg.scale_attention and name.endswith(("attn.qkv.weight", "cross_attn.q.weight")):
+                p[:q_dim].mul_(cfg.dim_head**-0.5)
 
     def _init_weights(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear):
@@ -82,7 +118,11 @@ class Transformer(nn.Module):
             dec.attn, dec.norm1, dec.mlp, dec.norm2 = enc.attn, enc.norm1, enc.mlp, enc.norm2
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Parameters counted once (tied and shared tensors once); optionally without embedding tables."""
+        """Every parameter the model holds, heads included (LM head, MLM transform, pooler, RTD, NSP), tied and
+        shared tensors once; `non_embedding` leaves out the token and learned-position tables.
+
+        Buffers are not parameters (e.g. ALiBi slopes); HF's BART `final_logits_bias` is a buffer there but
+        the trainable `lm_head.bias` here."""
         seen: set[int] = set()
         total = 0
         for name, p in self.named_parameters(remove_duplicate=True):
@@ -101,15 +141,20 @@ class Transformer(nn.Module):
             raise LMForgeError(f"model '{cfg.name}' has no LM head")
         if cfg.lm_head_transform:
             h = self.head_norm(activation_fn(cfg.activation)(self.head_dense(h)))
-        if cfg.scale_tied_logits and cfg.tie_embeddings:
+        if cfg.scale_tied_logits:
             h = h * cfg.d_model**-0.5
         return self.lm_head(h)
 
     def _positions(self, input_ids: Tensor, cache: KVCache | None, position_ids: Tensor | None) -> Tensor:
         if position_ids is not None:
-            return position_ids
+            return position_ids  # the caller owns their range (generate.py checks max_seq_len itself)
         offset = cache.length if cache is not None else 0
-        return torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)
+        n = offset + input_ids.shape[1]
+        cfg = self.config
+        # Checked on Python ints: no device sync, no graph break under torch.compile.
+        if cfg.position == "learned" and n > cfg.max_seq_len:
+            raise LMForgeError(f"sequence of length {n} exceeds max_seq_len {cfg.max_seq_len} for learned positions")
+        return torch.arange(offset, n, device=input_ids.device)
 
     def encode(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
@@ -128,13 +173,27 @@ class Transformer(nn.Module):
         decoder_input_ids: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
         encoder_hidden_states: Tensor | None = None,
-        prefix_len: Tensor | None = None,
+        prefix_len: Tensor | int | None = None,
         cache: KVCache | None = None,
         use_cache: bool = False,
         return_logits: bool = True,
+        mtp: bool = False,
     ) -> ModelOutput:
-        """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T))."""
+        """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T)).
+
+        prefix_len (B,) or int: for a prefix-LM decoder (model.mask='prefix'), how many leading tokens of each row
+        see each other bidirectionally; the rest is causal.
+
+        Encoder-decoder: attention_mask masks the encoder input, decoder_attention_mask the decoder's. To decode
+        with a cache, run `encode` once and pass its output as encoder_hidden_states on every step; the
+        cross-attention keys/values are computed on the first step and kept in the cache.
+
+        mtp: also run the multi-token prediction heads (decoders with model.mtp_heads > 0; training only)."""
         cfg = self.config
+        if mtp and not cfg.mtp_heads:
+            raise LMForgeError(f"model '{cfg.name}' has no multi-token prediction heads (model.mtp_heads is 0)")
+        if isinstance(prefix_len, int):
+            prefix_len = torch.full((input_ids.shape[0],), prefix_len, device=input_ids.device)
         if use_cache and cache is None:
             cache = KVCache(cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers)
         enc = pooled = None
@@ -168,4 +227,7 @@ class Transformer(nn.Module):
         if cfg.pooler:
             pooled = torch.tanh(self.pooler(h[:, 0]))
         logits = self.logits(h) if cfg.lm_head and return_logits else None
-        return ModelOutput(h, logits, cache, enc, pooled)
+        rtd = self.rtd_head(h) if cfg.rtd_head else None
+        nsp = self.nsp_head(pooled) if cfg.nsp_head else None
+        extra = self.mtp(self, h, input_ids, attention_mask) if mtp else None
+        return ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra)

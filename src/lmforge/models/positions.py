@@ -29,6 +29,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rotary",
     "rotate_half",
+    "sinusoidal_embedding",
     "sinusoidal_table",
     "t5_relative_position_bucket",
 ]
@@ -48,21 +49,33 @@ def sinusoidal_table(n_positions: int, dim: int, interleaved: bool = True) -> Te
     """
     if n_positions < 0 or dim <= 0:
         raise LMForgeError(f"sinusoidal table needs n_positions >= 0 and dim > 0, got {n_positions} and {dim}")
+    return sinusoidal_embedding(torch.arange(n_positions), dim, interleaved)
+
+
+def sinusoidal_embedding(positions: Tensor, dim: int, interleaved: bool = True) -> Tensor:
+    """Rows of `sinusoidal_table` for arbitrary integer positions (...,) -> float32 (..., dim), on their device.
+
+    Computed from the positions directly, so there is no table to size and no maximum length.
+    """
     # float64 keeps angles exact for large positions; the result is rounded once to float32.
-    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
-    j = torch.arange(dim, dtype=torch.float64)
-    angles = pos / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / dim)  # (N, dim)
-    sin, cos = torch.sin(angles[:, 0::2]), torch.cos(angles[:, 1::2])  # (N, ceil(dim/2)), (N, dim//2)
+    pos = positions.to(torch.float64)[..., None]  # (..., 1)
+    j = torch.arange(dim, dtype=torch.float64, device=positions.device)
+    angles = pos / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / dim)  # (..., dim)
+    sin, cos = torch.sin(angles[..., 0::2]), torch.cos(angles[..., 1::2])  # (..., ceil(dim/2)), (..., dim//2)
     if interleaved:
-        out = torch.empty(n_positions, dim, dtype=torch.float64)
-        out[:, 0::2], out[:, 1::2] = sin, cos
+        out = torch.empty(angles.shape, dtype=torch.float64, device=positions.device)
+        out[..., 0::2], out[..., 1::2] = sin, cos
     else:
         out = torch.cat([sin, cos], dim=-1)
     return out.to(torch.float32)
 
 
 class LearnedPositions(nn.Module):
-    """Learned absolute position embeddings (GPT-2, BERT) for positions in [0, max_seq_len)."""
+    """Learned absolute position embeddings (GPT-2, BERT): a plain lookup of rows [0, max_seq_len).
+
+    The length check lives in `Transformer`, on Python ints: checking tensor values here would sync with the
+    device on every forward and break torch.compile graphs.
+    """
 
     def __init__(self, max_seq_len: int, d_model: int) -> None:
         super().__init__()
@@ -71,13 +84,6 @@ class LearnedPositions(nn.Module):
 
     def forward(self, positions: Tensor) -> Tensor:
         """positions: LongTensor of any shape (...) -> (..., d_model)."""
-        # The check syncs with the device once per call; an out-of-range index would otherwise be a device
-        # assert (CUDA) or an opaque IndexError (CPU) instead of a clear message.
-        if positions.numel() > 0:
-            length = int(positions.max()) + 1
-            if length > self.max_seq_len:
-                limit = self.max_seq_len
-                raise LMForgeError(f"sequence of length {length} exceeds max_seq_len {limit} for learned positions")
         return self.emb(positions)
 
 

@@ -1,39 +1,139 @@
-"""Named architectures. Presets are data: each is a set of ModelConfig fields, registered in MODELS."""
+"""Named architectures. Presets are data: a family (models/families.py) plus sizes, registered in MODELS.
+
+Sizes follow the papers and the published Hugging Face configs; `<family>-tiny` presets are test sizes.
+
+`Transformer(get_preset(name)).num_params()` counts every parameter the preset's model holds, heads included
+(BERT's pooler and MLM transform, ALBERT's pooler and MLM head, ELECTRA's RTD head, BART's logits bias), tied
+tensors once. Papers quote backbones, so counts can exceed theirs by up to ~1%; tests/test_model_presets.py lists
+the published figures and the exact `transformers` counts each preset reproduces."""
 
 from __future__ import annotations
 
 from dataclasses import fields, replace
 
+from lmforge.models import families as F
 from lmforge.models.config import ModelConfig
 from lmforge.registry import MODELS
 
+PRESET_FIELDS: dict[str, frozenset[str]] = {}
+"""Preset name -> the ModelConfig fields it sets explicitly (the rest keep their defaults)."""
 
-def preset(name: str, **kw) -> None:
+
+def preset(name: str, family: dict, **sizes) -> None:
+    kw = {**family, **sizes}
+    PRESET_FIELDS[name] = frozenset({"name", *kw})
     MODELS.register(name)(ModelConfig(name=name, **kw))
 
 
-# --- decoders -------------------------------------------------------------------------------------------------
-# GPT-1 (Radford et al. 2018 §4.1): 12 post-LN layers, 768 wide, 12 heads, 3072 FFN, learned positions, GELU,
-# tied input/output embeddings, 512 context, 40,478-token BPE.
-_GPT1 = dict(
-    arch="decoder",
+def _enc_dec(n_layers: int, **kw) -> dict:
+    return dict(n_layers=n_layers, n_decoder_layers=n_layers, **kw)
+
+
+# --- decoders ------------------------------------------------------------------------------------------------------
+# GPT-1 (Radford et al. 2018 §4.1): 12 layers, 768 wide, 12 heads, 3072 FFN, 512 context, 40,478-token BPE.
+preset("gpt1", F.GPT1, vocab_size=40478, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512)
+preset("gpt1-tiny", F.GPT1, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+
+# GPT-2 (Radford et al. 2019 Table 2): 1024 context, 50,257 byte-level BPE.
+_GPT2_VOCAB = dict(vocab_size=50257, max_seq_len=1024)
+preset("gpt2-124m", F.GPT2, d_model=768, n_layers=12, n_heads=12, d_ff=3072, **_GPT2_VOCAB)
+preset("gpt2-350m", F.GPT2, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, **_GPT2_VOCAB)
+preset("gpt2-774m", F.GPT2, d_model=1280, n_layers=36, n_heads=20, d_ff=5120, **_GPT2_VOCAB)
+# Small sizes for CPU runs: `gpt-tiny` for tests, `gpt-mini` for the README demo.
+preset("gpt-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+preset("gpt-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=256)
+
+# Llama-style sizes of the GaLore paper (Zhao et al. 2024, Table 2 / its configs): 32k vocab, 1024 context.
+_LLAMA = dict(vocab_size=32000, max_seq_len=1024, rope_base=10000.0, init_std=0.02)
+preset("llama-60m", F.LLAMA, d_model=512, n_layers=8, n_heads=8, d_ff=1376, **_LLAMA)
+preset("llama-130m", F.LLAMA, d_model=768, n_layers=12, n_heads=12, d_ff=2048, **_LLAMA)
+preset("llama-350m", F.LLAMA, d_model=1024, n_layers=24, n_heads=16, d_ff=2736, **_LLAMA)
+# Test size with grouped-query attention (2 key/value heads serve 4 query heads).
+preset(
+    "llama-tiny", F.LLAMA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=172, max_seq_len=128
+)
+
+# Prefix LM (T5 §3.2.1; UniLM): a decoder whose prefix (the input) is fully visible, causal after it.
+preset(
+    "prefix-lm-tiny", F.LLAMA, mask="prefix", vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=172,
+    max_seq_len=128,
+)  # fmt: skip
+
+# Multi-token prediction test sizes: Gloeckle et al. 2024's parallel heads (one block each, on the shared trunk)
+# and DeepSeek-V3's sequential module (§2.2, one depth as in the released model).
+_TINY_DECODER = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=128)
+preset("gpt-mtp-tiny", F.GPT2, d_ff=256, mtp_heads=2, mtp_sequential=False, mtp_head="block", **_TINY_DECODER)
+preset("llama-mtp-tiny", F.LLAMA, d_ff=172, mtp_heads=1, mtp_sequential=True, **_TINY_DECODER)
+
+# --- encoders ------------------------------------------------------------------------------------------------------
+# BERT (Devlin et al. 2019 §3): 30,522 WordPiece vocab, 512 positions, 2 segment types.
+_BERT_VOCAB = dict(vocab_size=30522, max_seq_len=512, init_std=0.02)
+preset("bert-base", F.BERT, d_model=768, n_layers=12, n_heads=12, d_ff=3072, **_BERT_VOCAB)
+preset("bert-large", F.BERT, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, **_BERT_VOCAB)
+preset("bert-tiny", F.BERT, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+
+# RoBERTa (Liu et al. 2019): BERT-base layers, 50,265 byte-level BPE, 512 positions (+2 offset rows).
+preset("roberta-base", F.ROBERTA, vocab_size=50265, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512)
+preset("roberta-tiny", F.ROBERTA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+
+# ALBERT (Lan et al. 2020 Table 1): base = E 128, H 768, 12 shared layers, 30k SentencePiece vocab.
+preset(
+    "albert-base", F.ALBERT, vocab_size=30000, embedding_dim=128, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+    max_seq_len=512,
+)  # fmt: skip
+preset(
+    "albert-tiny", F.ALBERT, vocab_size=512, embedding_dim=32, d_model=64, n_layers=3, n_heads=4, d_ff=256,
+    max_seq_len=128,
+)  # fmt: skip
+
+# ELECTRA (Clark et al. 2020 Table 6): Small = E 128, H 256, 4 heads, 1024 FFN, 12 layers; the released small
+# generator has the discriminator's sizes. `electra-small` is the discriminator (the model the paper evaluates).
+_ELECTRA_SMALL = dict(
+    vocab_size=30522, embedding_dim=128, d_model=256, n_layers=12, n_heads=4, d_ff=1024, max_seq_len=512
+)
+preset("electra-small", F.ELECTRA_DISCRIMINATOR, **_ELECTRA_SMALL)
+preset("electra-small-generator", F.ELECTRA_GENERATOR, **_ELECTRA_SMALL)
+_ELECTRA_TINY = dict(vocab_size=512, embedding_dim=32, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+preset("electra-tiny", F.ELECTRA_DISCRIMINATOR, **_ELECTRA_TINY)
+preset("electra-tiny-generator", F.ELECTRA_GENERATOR, **_ELECTRA_TINY)
+
+# --- encoder-decoders ----------------------------------------------------------------------------------------------
+# BART (Lewis et al. 2020 §2.1): base = 6 + 6 layers, large = 12 + 12; 50,265 BPE, 1024 positions.
+_BART = dict(vocab_size=50265, max_seq_len=1024)
+preset("bart-base", F.BART, d_model=768, n_heads=12, d_ff=3072, **_enc_dec(6), **_BART)
+preset("bart-large", F.BART, d_model=1024, n_heads=16, d_ff=4096, **_enc_dec(12), **_BART)
+preset("bart-tiny", F.BART, vocab_size=512, d_model=64, n_heads=4, d_ff=256, max_seq_len=128, **_enc_dec(2))
+
+# T5 (Raffel et al. 2020 §3.1.1 and §3.7): 32,128-entry SentencePiece vocab (32k + 100 sentinels, padded),
+# 32 relative-position buckets up to distance 128, head width 64 whatever d_model / n_heads is.
+_T5 = dict(vocab_size=32128, max_seq_len=512, head_dim=64, rel_buckets=32, rel_max_distance=128)
+preset("t5-small", F.T5, d_model=512, n_heads=8, d_ff=2048, **_enc_dec(6), **_T5)
+preset("t5-base", F.T5, d_model=768, n_heads=12, d_ff=3072, **_enc_dec(12), **_T5)
+preset("t5-large", F.T5, d_model=1024, n_heads=16, d_ff=4096, **_enc_dec(24), **_T5)
+# T5 Table 2 "Enc-dec, shared": the decoder reuses the encoder's self-attention and feed-forward weights.
+preset("t5-base-shared", F.T5, d_model=768, n_heads=12, d_ff=3072, share_encoder_decoder=True, **_enc_dec(12), **_T5)
+preset("t5-v1_1-small", F.T5_V1_1, d_model=512, n_heads=6, d_ff=1024, **_enc_dec(8), **_T5)
+preset("t5-v1_1-base", F.T5_V1_1, d_model=768, n_heads=12, d_ff=2048, **_enc_dec(12), **_T5)
+_T5_TINY = dict(vocab_size=512, max_seq_len=128, head_dim=8, rel_buckets=8, rel_max_distance=20)
+preset("t5-tiny", F.T5, d_model=64, n_heads=4, d_ff=128, **_enc_dec(2), **_T5_TINY)
+preset("t5-v1_1-tiny", F.T5_V1_1, d_model=64, n_heads=4, d_ff=96, **_enc_dec(2), **_T5_TINY)
+
+# The original Transformer (Vaswani et al. 2017 Table 3, base): post-LN, ReLU, sinusoidal positions, embeddings
+# scaled by sqrt(d_model) and shared with the output layer; 37k shared BPE (WMT EN-DE).
+_VASWANI = dict(
+    arch="encoder-decoder",
     norm_position="post",
     final_norm=False,
-    activation="gelu",
-    position="learned",
+    activation="relu",
+    position="sinusoidal",
+    scale_embeddings=True,
     tie_embeddings=True,
+    dropout=0.1,
 )
-preset("gpt1", vocab_size=40478, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512, **_GPT1)
-preset("gpt1-tiny", vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, **_GPT1)
-
-# GPT-2 (Radford et al. 2019 §2.3): pre-LN with a final LayerNorm, tanh-GELU, 1024 context, 50,257 byte-level BPE.
-_GPT2 = dict(arch="decoder", norm_position="pre", final_norm=True, activation="gelu_tanh", position="learned")
-preset("gpt2-124m", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=1024, **_GPT2)
-preset("gpt2-350m", vocab_size=50257, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, max_seq_len=1024, **_GPT2)
-preset("gpt2-774m", vocab_size=50257, d_model=1280, n_layers=36, n_heads=20, d_ff=5120, max_seq_len=1024, **_GPT2)
-# Small sizes for CPU runs: `gpt-tiny` for tests, `gpt-mini` for the README demo.
-preset("gpt-tiny", vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, **_GPT2)
-preset("gpt-mini", vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=256, **_GPT2)
+preset(
+    "transformer-base", _VASWANI, vocab_size=37000, d_model=512, n_heads=8, d_ff=2048, max_seq_len=512, **_enc_dec(6)
+)
+preset("transformer-tiny", _VASWANI, vocab_size=512, d_model=64, n_heads=4, d_ff=256, max_seq_len=128, **_enc_dec(2))
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:

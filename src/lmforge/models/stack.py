@@ -8,6 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from lmforge.errors import LMForgeError
 from lmforge.models.config import MaskKind, ModelConfig
 from lmforge.models.layers import AttnInputs, Block, KVCache, make_norm
 from lmforge.models.positions import (
@@ -15,7 +16,7 @@ from lmforge.models.positions import (
     T5RelativeBias,
     alibi_bias,
     alibi_slopes,
-    sinusoidal_table,
+    sinusoidal_embedding,
 )
 
 
@@ -28,7 +29,11 @@ def allowed_keys(
     prefix_len: Tensor | None,
     device: torch.device,
 ) -> Tensor | None:
-    """Boolean (B|1, 1, Tq, Tk) mask of keys each query may attend to, or None when all are allowed."""
+    """Boolean (B|1, 1, Tq, Tk) mask of keys each query may attend to, or None when all are allowed.
+
+    prefix_len (B,): for kind="prefix", keys at indices < prefix_len are visible to every query (T5 §3.2.1,
+    UniLM); None means no prefix beyond what causality already shows (decoding steps after the prompt).
+    """
     if kind == "bidirectional" and key_padding is None:
         return None
     q_pos = torch.arange(q_len, device=device)[:, None] + q_offset  # (Tq, 1)
@@ -37,10 +42,7 @@ def allowed_keys(
         ok = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
     else:
         ok = (k_pos <= q_pos)[None, None]  # causal
-        if kind == "prefix":
-            if prefix_len is None:
-                raise ValueError("a prefix-LM mask needs prefix_len")
-            # Keys inside the prefix are visible to every query (T5 §3.2.1, UniLM).
+        if kind == "prefix" and prefix_len is not None:
             ok = ok | (k_pos[None, None] < prefix_len.to(device)[:, None, None, None])
     if key_padding is not None:
         ok = ok & key_padding.bool()[:, None, None, :]
@@ -60,9 +62,10 @@ class Stack(nn.Module):
             self.type_emb = nn.Embedding(cfg.type_vocab_size, emb_dim)
         if cfg.embedding_norm:
             self.emb_norm = make_norm(cfg, emb_dim)
-        if emb_dim != cfg.d_model:  # ALBERT: factorised embeddings, E -> d_model
+        if emb_dim != cfg.d_model:  # ALBERT / ELECTRA: factorised embeddings, E -> d_model
             self.emb_proj = nn.Linear(emb_dim, cfg.d_model)
         if cfg.position == "t5_bias":
+            # One table per stack, computed once per forward and shared by every layer (as T5's layer 0 does).
             self.rel_bias = T5RelativeBias(
                 cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional=kind == "bidirectional"
             )
@@ -82,11 +85,10 @@ class Stack(nn.Module):
         if cfg.position == "learned":
             x = x + self.pos_emb(positions + cfg.position_offset)
         elif cfg.position == "sinusoidal":
-            n = int(positions.max()) + 1
-            x = x + sinusoidal_table(n, x.shape[-1]).to(x.device, x.dtype)[positions]
+            x = x + sinusoidal_embedding(positions, x.shape[-1]).to(x.dtype)
         if cfg.type_vocab_size:
             if token_type_ids is None:
-                token_type_ids = torch.zeros_like(x[..., 0], dtype=torch.long)
+                token_type_ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
             x = x + self.type_emb(token_type_ids)
         if cfg.embedding_norm:
             x = self.emb_norm(x)
@@ -104,16 +106,19 @@ class Stack(nn.Module):
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         k_len = offset + T
-        key_positions = torch.arange(k_len, device=x.device)
+        if self.kind == "prefix" and prefix_len is None and offset == 0:
+            raise LMForgeError("a prefix-LM model (model.mask='prefix') needs prefix_len in its first forward")
+        key_index = torch.arange(k_len, device=x.device)
+        query_index = key_index[offset:]
         bias = None
         if self.cfg.position == "t5_bias":
             bias = self.rel_bias(T, k_len, q_offset=offset)  # (1, H, T, Tk)
         elif self.cfg.position == "alibi":
-            q_pos = key_positions[offset:]
-            bias = alibi_bias(self.slopes, q_pos, key_positions, self.kind != "bidirectional")[None]
-        if self.kind == "causal" and key_padding is None and bias is None and (offset == 0 or T == 1):
+            bias = alibi_bias(self.slopes, query_index, key_index, self.kind != "bidirectional")[None]
+        plain = self.kind == "causal" and key_padding is None and bias is None and self.cfg.position != "shaw"
+        if plain and (offset == 0 or T == 1):
             # No explicit mask: SDPA's causal path (flash attention on GPU); one new token sees every key.
-            return AttnInputs(None, offset == 0, positions, key_positions, cache)
+            return AttnInputs(None, offset == 0, positions, query_index, key_index, cache)
         ok = allowed_keys(self.kind, T, k_len, offset, key_padding, prefix_len, x.device)
         mask = None
         if ok is not None:
@@ -123,7 +128,7 @@ class Stack(nn.Module):
         if bias is not None:
             bias = bias.to(x.dtype)
             mask = bias if mask is None else (mask + bias).clamp(min=torch.finfo(x.dtype).min)
-        return AttnInputs(mask, False, positions, key_positions, cache)
+        return AttnInputs(mask, False, positions, query_index, key_index, cache)
 
     def forward(
         self,

@@ -1,0 +1,48 @@
+"""Function behind `lmforge convert`: lmforge checkpoints <-> Hugging Face model dirs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from lmforge.errors import LMForgeError
+
+
+def _check_out(out: Path, src: Path, to: str) -> None:
+    """Refuse to write over the source, or over a directory holding anything but an earlier conversion."""
+    if out.exists() and not out.is_dir():
+        raise LMForgeError(f"output {out} is a file, expected a directory")
+    if out.resolve() == src.resolve():
+        raise LMForgeError(f"output {out} is the source directory")
+    marker = "config.json" if to == "hf" else "manifest.json"
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise LMForgeError(f"output directory {out} is not empty")
+
+
+def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"]) -> None:
+    """Convert `src` (an lmforge run/checkpoint dir or a Hugging Face model dir) to `to` format at `out`.
+
+    hf: config.json + model.safetensors (+ tokenizer files) that `transformers` Auto classes load.
+    lmforge: a checkpoint dir (model.safetensors, config.yaml, tokenizer, manifest.json) for `lmforge.load`.
+    """
+    from lmforge.api import load
+
+    if to not in ("hf", "lmforge"):
+        raise LMForgeError(f"unknown conversion target '{to}' (choose hf or lmforge)")
+    src, out = Path(src), Path(out)
+    _check_out(out, src, to)
+    model, tokenizer = load(src)
+    if to == "hf":
+        from lmforge.models.hf import export_hf
+        from lmforge.models.hf.io import hf_state_and_config
+
+        conv, _, _ = hf_state_and_config(model)
+        export_hf(model, out, tokenizer)
+        print(f"wrote Hugging Face {conv.model_type} model to {out} (transformers.{conv.auto_class(model.config)})")
+    else:
+        from lmforge.train.checkpoint import write_checkpoint_dir
+
+        config = {"model": dataclasses.asdict(model.config)}
+        write_checkpoint_dir(out, model, config=config, tokenizer=tokenizer)
+        print(f"wrote lmforge checkpoint of '{model.config.name}' ({model.num_params():,} parameters) to {out}")

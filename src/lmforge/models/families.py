@@ -1,0 +1,127 @@
+"""Architecture families as data: the ModelConfig fields that make a model GPT-2, BERT, T5, ... (sizes aside).
+
+Presets add sizes to these; the Hugging Face converters build configs from them, so a preset and an imported
+checkpoint of the same family always agree on every structural field."""
+
+from __future__ import annotations
+
+# Decoders ---------------------------------------------------------------------------------------------------------
+
+# GPT-1 (Radford et al. 2018 §4.1): post-LN blocks, no final norm, exact GELU, learned positions, tied embeddings.
+GPT1 = dict(
+    arch="decoder",
+    norm="layernorm",
+    norm_position="post",
+    final_norm=False,
+    activation="gelu",
+    position="learned",
+    tie_embeddings=True,
+)
+
+# GPT-2 (Radford et al. 2019 §2.3): pre-LN with a final LayerNorm, tanh-GELU.
+GPT2 = dict(
+    arch="decoder",
+    norm="layernorm",
+    norm_position="pre",
+    final_norm=True,
+    activation="gelu_tanh",
+    position="learned",
+    tie_embeddings=True,
+)
+
+# Llama (Touvron et al. 2023 §2.2): pre-RMSNorm, SwiGLU, RoPE, no biases, untied output matrix.
+LLAMA = dict(
+    arch="decoder",
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    norm_position="pre",
+    final_norm=True,
+    activation="swiglu",
+    position="rope",
+    bias=False,
+    tie_embeddings=False,
+)
+
+# Encoders ---------------------------------------------------------------------------------------------------------
+
+# BERT (Devlin et al. 2019 §3): post-LN, embedding LayerNorm, token + segment + learned positions, exact GELU,
+# MLM head = dense + GELU + LayerNorm + tied decoder with its own bias; pooler = dense + tanh over [CLS].
+BERT = dict(
+    arch="encoder",
+    norm="layernorm",
+    norm_eps=1e-12,
+    norm_position="post",
+    final_norm=False,
+    embedding_norm=True,
+    activation="gelu",
+    position="learned",
+    type_vocab_size=2,
+    tie_embeddings=True,
+    lm_head_transform=True,
+    lm_head_bias=True,
+    pooler=True,
+    dropout=0.1,
+    attn_dropout=0.1,
+)
+
+# RoBERTa (Liu et al. 2019): BERT's layers; positions start at padding_idx + 1 = 2 (fairseq), one segment type,
+# no NSP and so no pooler.
+ROBERTA = {**BERT, "norm_eps": 1e-5, "position_offset": 2, "type_vocab_size": 1, "pooler": False, "pad_id": 1}
+
+# ALBERT (Lan et al. 2020 §3.1): factorised embeddings E -> H and one set of layer weights shared by all layers;
+# tanh-GELU; the MLM head maps back to E.
+ALBERT = {**BERT, "activation": "gelu_tanh", "share_layers": True, "dropout": 0.0, "attn_dropout": 0.0}
+
+# ELECTRA (Clark et al. 2020): BERT layers, embeddings of size E projected to H when E != H. The generator is a
+# small MLM (head maps to E, tied); the discriminator has a replaced-token-detection head and no LM head.
+ELECTRA_GENERATOR = {**BERT, "pooler": False}
+ELECTRA_DISCRIMINATOR = {
+    **BERT,
+    "pooler": False,
+    "lm_head": False,
+    "lm_head_transform": False,
+    "lm_head_bias": False,
+    "rtd_head": True,
+}
+
+# Encoder-decoders -------------------------------------------------------------------------------------------------
+
+# BART (Lewis et al. 2020 §2.1): post-LN, learned positions offset by 2 (fairseq), LayerNorm over the embeddings of
+# both stacks, exact GELU, tied output matrix plus a logits bias; decoding starts from </s> (id 2).
+BART = dict(
+    arch="encoder-decoder",
+    norm="layernorm",
+    norm_position="post",
+    final_norm=False,
+    embedding_norm=True,
+    activation="gelu",
+    position="learned",
+    position_offset=2,
+    tie_embeddings=True,
+    lm_head_bias=True,
+    pad_id=1,
+    decoder_start_id=2,
+    dropout=0.1,
+)
+
+# T5 v1.0 (Raffel et al. 2020 §2.1): pre-RMSNorm, no biases, ReLU FFN, bucketed relative position bias per stack,
+# no 1/sqrt(d) attention scale (folded into the init), tied output matrix with a d_model**-0.5 rescale.
+T5 = dict(
+    arch="encoder-decoder",
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    norm_position="pre",
+    final_norm=True,
+    activation="relu",
+    position="t5_bias",
+    bias=False,
+    scale_attention=False,
+    tie_embeddings=True,
+    scale_tied_logits=True,
+    pad_id=0,
+    decoder_start_id=0,
+    dropout=0.1,
+)
+
+# T5 v1.1: gated-GELU FFN, untied output matrix (so no rescale), no dropout in pre-training.
+T5_V1_1 = {**T5, "activation": "geglu", "tie_embeddings": False, "scale_tied_logits": False, "dropout": 0.0}
