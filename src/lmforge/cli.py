@@ -34,7 +34,7 @@ def _report_pretrain(trainer, final: dict) -> None:
             f"perplexity {math.exp(base):.1f})"
         )
     s = cfg.sample
-    if s.prompts and cfg.model.arch == "decoder":
+    if s.prompts and cfg.model.arch != "encoder":
         outs = generate_text(
             trainer.raw_model, trainer.tokenizer, s.prompts, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_k=s.top_k,
@@ -58,7 +58,8 @@ def _generate(args: argparse.Namespace) -> None:
     for prompt in args.prompt:
         out = generate_text(
             model, tok, [prompt], max_new_tokens=args.max_new_tokens, temperature=temperature,
-            top_k=args.top_k, top_p=args.top_p, generator=gen,
+            top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams, length_penalty=args.length_penalty,
+            generator=gen,
         )[0]  # fmt: skip
         print(prompt + out)
 
@@ -100,6 +101,18 @@ def _model_info(args: argparse.Namespace) -> None:
               f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}")  # fmt: skip
 
 
+def _convert(args: argparse.Namespace) -> None:
+    from lmforge.models.convert_cli import cmd_convert
+
+    cmd_convert(args.src, args.out, args.to)
+
+
+def _probe(args: argparse.Namespace) -> None:
+    from lmforge.eval.position_probe import cmd_probe
+
+    cmd_probe(args.target, args.n_positions)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmforge", description="Pretrain, adapt and evaluate transformer LMs.")
     p.add_argument("--debug", action="store_true", help="show full tracebacks (accepted anywhere)")
@@ -118,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--greedy", action="store_true")
+    g.add_argument("--num-beams", type=int, default=1, help="beam search when > 1 (deterministic)")
+    g.add_argument("--length-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(fn=_generate)
 
@@ -157,6 +172,17 @@ def build_parser() -> argparse.ArgumentParser:
     mi = m.add_parser("info", help="parameter count of a preset ('all' for every preset)")
     mi.add_argument("preset")
     mi.set_defaults(fn=_model_info)
+
+    cv = sub.add_parser("convert", help="convert between Hugging Face model dirs and lmforge checkpoints")
+    cv.add_argument("src", type=Path, help="HF model dir, lmforge run dir or checkpoint dir")
+    cv.add_argument("--out", type=Path, required=True)
+    cv.add_argument("--to", choices=["hf", "lmforge"], required=True)
+    cv.set_defaults(fn=_convert)
+
+    pr = sub.add_parser("probe", help="position probe: regress absolute position from position representations")
+    pr.add_argument("target", help="run dir, checkpoint dir or preset name")
+    pr.add_argument("--n-positions", type=int, default=None)
+    pr.set_defaults(fn=_probe)
     return p
 
 
