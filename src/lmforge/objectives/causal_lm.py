@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 from lmforge.objectives.base import LossOutput, Objective
+from lmforge.objectives.losses import lm_head_loss
 from lmforge.registry import OBJECTIVES
 
 
@@ -16,12 +18,17 @@ class CausalLM(Objective):
     name = "causal_lm"
     language_model = True
 
+    @dataclass
+    class Options:
+        chunked_loss: bool = True
+        """Fuse the LM head with the loss in row chunks (no full logits tensor); False = plain cross_entropy."""
+
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        logits = model(batch["input_ids"]).logits  # (B, T, V)
+        h = model(batch["input_ids"], return_logits=False).last_hidden_state  # (B, T, d)
         labels = batch["labels"]
-        # Mean negative log-likelihood in nats; cross_entropy computes in float32 under bf16 autocast.
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        # Mean negative log-likelihood in nats, softmax statistics in float32.
+        loss = lm_head_loss(model, h, labels, chunked=self.options.chunked_loss)
         return LossOutput(loss, labels.numel())
