@@ -27,7 +27,9 @@ def _report_pretrain(trainer, final: dict) -> None:
 
     cfg = trainer.cfg
     base = unigram_cross_entropy(trainer.data_dir)
-    if final:
+    if final and "val_ppl" not in final:  # objectives that do not score every next token: loss only
+        print(f"validation: loss {final['val_loss']:.3f} nats/token")
+    elif final:
         print(
             f"validation: loss {final['val_loss']:.3f} nats/token, perplexity {final['val_ppl']:.1f}, "
             f"{final['val_bpb']:.3f} bits/byte (unigram baseline: loss {base:.3f}, "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor, nn
 
 from lmforge.objectives.base import LossOutput, Objective
@@ -18,11 +16,6 @@ class CausalLM(Objective):
     name = "causal_lm"
     language_model = True
 
-    @dataclass
-    class Options:
-        chunked_loss: bool = True
-        """Fuse the LM head with the loss in row chunks (no full logits tensor); False = plain cross_entropy."""
-
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
 
@@ -30,5 +23,5 @@ class CausalLM(Objective):
         h = model(batch["input_ids"], return_logits=False).last_hidden_state  # (B, T, d)
         labels = batch["labels"]
         # Mean negative log-likelihood in nats, softmax statistics in float32.
-        loss = lm_head_loss(model, h, labels, chunked=self.options.chunked_loss)
+        loss = lm_head_loss(model, h, labels)
         return LossOutput(loss, labels.numel())
