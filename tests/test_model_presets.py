@@ -53,8 +53,8 @@ SAME_PARTS = {
     "electra-small-generator": ("ElectraForMaskedLM", 0),
     "t5-base": ("T5ForConditionalGeneration", 0),
     "llama-60m": ("LlamaForCausalLM", 0),
-    "bert-base": ("BertForPreTraining", -(768 * 2 + 2)),  # minus the NSP classifier lmforge does not have
-    "albert-base": ("AlbertForMaskedLM", 768 * 768 + 768),  # plus the pooler, which AlbertForMaskedLM drops
+    "bert-base": ("BertForPreTraining", 0),
+    "albert-base": ("AlbertForPreTraining", 0),
     "bart-base": ("BartForConditionalGeneration", 50265),  # plus the logits bias: a buffer in transformers
 }
 

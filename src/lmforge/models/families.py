@@ -45,7 +45,8 @@ LLAMA = dict(
 # Encoders ---------------------------------------------------------------------------------------------------------
 
 # BERT (Devlin et al. 2019 §3): post-LN, embedding LayerNorm, token + segment + learned positions, exact GELU,
-# MLM head = dense + GELU + LayerNorm + tied decoder with its own bias; pooler = dense + tanh over [CLS].
+# MLM head = dense + GELU + LayerNorm + tied decoder with its own bias; pooler = dense + tanh over [CLS], and the
+# next-sentence classifier over it (BertForPreTraining's heads).
 BERT = dict(
     arch="encoder",
     norm="layernorm",
@@ -60,24 +61,29 @@ BERT = dict(
     lm_head_transform=True,
     lm_head_bias=True,
     pooler=True,
+    nsp_head=True,
     dropout=0.1,
     attn_dropout=0.1,
 )
 
 # RoBERTa (Liu et al. 2019): BERT's layers; positions start at padding_idx + 1 = 2 (fairseq), one segment type,
 # no NSP and so no pooler.
-ROBERTA = {**BERT, "norm_eps": 1e-5, "position_offset": 2, "type_vocab_size": 1, "pooler": False, "pad_id": 1}
+ROBERTA = {
+    **BERT, "norm_eps": 1e-5, "position_offset": 2, "type_vocab_size": 1, "pooler": False, "nsp_head": False,
+    "pad_id": 1,
+}  # fmt: skip
 
 # ALBERT (Lan et al. 2020 §3.1): factorised embeddings E -> H and one set of layer weights shared by all layers;
-# tanh-GELU; the MLM head maps back to E.
+# tanh-GELU; the MLM head maps back to E; the sentence classifier is ALBERT's sentence-order head (§4.1).
 ALBERT = {**BERT, "activation": "gelu_tanh", "share_layers": True, "dropout": 0.0, "attn_dropout": 0.0}
 
 # ELECTRA (Clark et al. 2020): BERT layers, embeddings of size E projected to H when E != H. The generator is a
 # small MLM (head maps to E, tied); the discriminator has a replaced-token-detection head and no LM head.
-ELECTRA_GENERATOR = {**BERT, "pooler": False}
+ELECTRA_GENERATOR = {**BERT, "pooler": False, "nsp_head": False}
 ELECTRA_DISCRIMINATOR = {
     **BERT,
     "pooler": False,
+    "nsp_head": False,
     "lm_head": False,
     "lm_head_transform": False,
     "lm_head_bias": False,

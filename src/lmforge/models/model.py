@@ -77,19 +77,20 @@ class Transformer(nn.Module):
                 self.head_norm = make_norm(cfg, emb_dim)
                 head_in = emb_dim
             self.lm_head = nn.Linear(head_in, cfg.vocab_size, bias=cfg.lm_head_bias)
-        if cfg.mtp_heads:  # registered last: the trunk initialises exactly as without heads
+        self._init_all(self)
+        if cfg.mtp_heads:  # built and initialised after the trunk, which so initialises exactly as without heads
             self.mtp = MTPHeads(cfg)
-        self._init_all()
+            self._init_all(self.mtp)
         if cfg.arch == "encoder-decoder" and cfg.share_encoder_decoder:
             self._share_encoder_decoder()
         self.tie_weights()
 
     @torch.no_grad()
-    def _init_all(self) -> None:
+    def _init_all(self, root: nn.Module) -> None:
         cfg = self.config
-        self.apply(self._init_weights)
+        root.apply(self._init_weights)
         q_dim = cfg.n_heads * cfg.dim_head
-        for name, p in self.named_parameters():
+        for name, p in root.named_parameters():
             # GPT-2 §2.3: scale residual-path projections by 1/sqrt(N) at init, N = number of residual layers.
             if name.endswith(("attn.o.weight", "mlp.down.weight")):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))

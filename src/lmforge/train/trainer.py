@@ -12,18 +12,17 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from lmforge.config import Config, save_config, to_dict
+from lmforge.config import Config, to_dict
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, mean_across
+from lmforge.train.faults import Faults
 from lmforge.train.metrics import MetricsLogger, Progress, flops_per_token, peak_flops, plot_metrics
 from lmforge.train.metrics import mfu as compute_mfu
 from lmforge.train.optim import build_optimizer, build_scheduler
+from lmforge.train.resume import resume_checkpoint
 from lmforge.train.setup import autocast_for, check_vocab, load_or_train_tokenizer, pick_device, prepare_data
-
-# Config sections that must not change when a run resumes (train.* may: e.g. a longer max_steps).
-FROZEN_ON_RESUME = ("model", "data", "objective")
 
 
 class Trainer:
@@ -37,7 +36,9 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.run.seed)
-        self._check_resume()
+        self.faults = Faults()  # test-only pauses (LMFORGE_FAULT_SLEEP); read once, here
+        self.resume_from = resume_checkpoint(self.run_dir, to_dict(cfg), resume, self.dist.is_main)
+        self.resume = self.resume_from is not None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, self.dist)
         check_vocab(cfg, self.tokenizer, trained_here=not cfg.data.tokenizer)
@@ -46,34 +47,14 @@ class Trainer:
         self._build_model()
         self._build_loaders()
         self.start_step = 0
-        if resume:
+        if self.resume:
             self._restore()
         if self.dist.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
+            ckpt.save_run_config(self.run_dir, to_dict(cfg))
         # A fresh run drops metrics left by an attempt that died before its first checkpoint.
         self.log = MetricsLogger(self.run_dir, resume_step=self.start_step) if self.dist.is_main else None
 
     # --- construction -------------------------------------------------------------------------------------
-
-    def _check_resume(self) -> None:
-        if self.resume:
-            self.resume_from = ckpt.latest_checkpoint(self.run_dir)
-            old = ckpt.read_config(self.resume_from)
-            new = to_dict(self.cfg)
-            for section in FROZEN_ON_RESUME:
-                for key, value in new[section].items():
-                    if section == "model" and key == "vocab_size":
-                        continue  # set from the run's tokenizer
-                    if old.get(section, {}).get(key) != value:
-                        was = old.get(section, {}).get(key)
-                        raise LMForgeError(
-                            f"cannot resume: {section}.{key} changed since the checkpoint ({was!r} → {value!r})"
-                        )
-        elif (self.run_dir / "checkpoints").is_dir() and any((self.run_dir / "checkpoints").iterdir()):
-            raise LMForgeError(
-                f"run dir {self.run_dir} already has checkpoints: pass --resume to continue it, "
-                "or choose another --run.dir"
-            )
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -101,12 +82,25 @@ class Trainer:
     def _restore(self) -> None:
         ckpt.load_weights(self.resume_from, self.raw_model)
         state = ckpt.load_train_state(self.resume_from)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.train_loader.load_state_dict(state["loader"][self.dist.rank])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            loaders = state["loader"]  # one per rank; positions are global, so any rank's serves a new world size
+            self.train_loader.load_state_dict(loaders[min(self.dist.rank, len(loaders) - 1)])
+            rng, self.start_step = state["rng"], int(state["step"])
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise LMForgeError(
+                f"{self.resume_from / ckpt.TRAIN_STATE_FILE} does not match this run: {type(e).__name__}: {e}"
+            ) from e
         self.train_iter = iter(self.train_loader)
-        ckpt.restore_rng_state(state["rng"])
-        self.start_step = int(state["step"])
+        ckpt.restore_rng_state(rng)
+        if self.dist.is_main:
+            pos = self.train_loader.state_dict()
+            print(
+                f"resumed from {self.resume_from} at step {self.start_step} "
+                f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})",
+                file=sys.stderr,
+            )
 
     # --- the loop ------------------------------------------------------------------------------------------
 
@@ -145,8 +139,10 @@ class Trainer:
         """Validation loss (nats/token), perplexity and bits per byte over the deterministic val pass."""
         self.model.eval()
         total, n = 0.0, 0
+        # Objectives that corrupt at random may give validation fixed corruptions (e.g. static MLM masks).
+        transform = getattr(self.objective, "eval_transform", self.objective.transform)
         for tokens in self.val_loader.eval_batches(self.cfg.train.eval_batches):
-            batch = {k: v.to(self.device) for k, v in self.objective.transform(tokens).items()}
+            batch = {k: v.to(self.device) for k, v in transform(tokens).items()}
             with self.autocast:
                 out = self.objective.loss(self.raw_model, batch)
             total += float(out.loss) * out.n_tokens
@@ -177,7 +173,7 @@ class Trainer:
                 step,
                 self.raw_model,
                 config=to_dict(self.cfg),
-                tokenizer=self.tokenizer,
+                tokenizer=self.faults.checkpoint_tokenizer(self.tokenizer, step),
                 train_state=state,
                 keep_last=self.cfg.train.keep_last,
             )
@@ -201,11 +197,15 @@ class Trainer:
             for step in range(self.start_step, t.max_steps):
                 loss, gnorm, skipped = self.train_step()
                 done = step + 1
-                nonfinite = self._count_nonfinite(done, skipped, nonfinite)
-                if done % t.log_every == 0 or done == t.max_steps:
-                    self._log_train(done, loss, gnorm)
+                if skipped:
+                    nonfinite = self._skip_nonfinite(done, loss, gnorm, nonfinite + 1)
+                else:
+                    nonfinite = 0
+                    if done % t.log_every == 0 or done == t.max_steps:
+                        self._log_train(done, loss, gnorm)
                 with self.clock.paused():
                     if done % t.eval_every == 0 or done == t.max_steps:
+                        self.faults.pause("eval", done)
                         last_eval = self.evaluate()
                         if self.dist.is_main:
                             self.log.log(done, **last_eval)
@@ -219,15 +219,20 @@ class Trainer:
         cleanup(self.dist)
         return last_eval
 
-    def _count_nonfinite(self, done: int, skipped: bool, count: int) -> int:
-        if not skipped:
-            return 0
-        count += 1
-        print(f"warning: step {done}: non-finite loss or gradient, step skipped", file=sys.stderr)
-        if count >= self.cfg.train.max_nonfinite:
+    def _skip_nonfinite(self, done: int, loss: float, gnorm: float, count: int) -> int:
+        """Record a skipped step (the optimizer did not step); stop after train.max_nonfinite in a row."""
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        value = loss if what == "loss" else gnorm
+        if self.dist.is_main:
+            print(f"warning: step {done}: non-finite {what} ({value}), step skipped", file=sys.stderr)
+            self.log.log(done, skipped=True, nonfinite=what, loss=loss, grad_norm=gnorm)
+        limit = self.cfg.train.max_nonfinite
+        if count >= limit:
+            last = ckpt.list_checkpoints(self.run_dir)
+            kept = f"; the last checkpoint is {last[-1].name}" if last else ""
             raise LMForgeError(
-                f"stopping at step {done}: {count} consecutive steps with non-finite loss or gradients "
-                "(lower train.lr or check the data)"
+                f"stopping at step {done}: {count} consecutive steps with a non-finite loss or gradient "
+                f"(train.max_nonfinite={limit}); lower train.lr or check the data{kept}"
             )
         return count
 
@@ -236,7 +241,9 @@ class Trainer:
         mfu = compute_mfu(tps, self.flops_per_token, self.peak, n_devices=self.dist.world_size)
         lr = self.scheduler.get_last_lr()[0]
         if self.dist.is_main:
-            self.log.log(done, loss=loss, lr=lr, grad_norm=gnorm, tokens_per_s=tps, mfu=mfu)
+            # Deterministic runs also log the exact loss (the JSON value is rounded) for bitwise comparisons.
+            exact = {"loss_hex": float.hex(loss)} if self.cfg.train.deterministic else {}
+            self.log.log(done, loss=loss, lr=lr, grad_norm=gnorm, tokens_per_s=tps, mfu=mfu, **exact)
             self.progress.update(done, loss, lr, tps, mfu)
 
 

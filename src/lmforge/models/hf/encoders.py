@@ -1,7 +1,7 @@
 """Encoder families: BERT, RoBERTa, ELECTRA (generator and discriminator) and ALBERT.
 
-Optional parts (pooler, MLM head, replaced-token-detection head) are taken from the tensors a checkpoint holds,
-not from `architectures`: Google's BERT checkpoints say BertForMaskedLM yet carry the pooler too."""
+Optional parts (pooler, MLM head, replaced-token-detection head, NSP / SOP classifier) are taken from the tensors a
+checkpoint holds, not from `architectures`: Google's BERT checkpoints say BertForMaskedLM yet carry the pooler too."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ class _BertLike(Converter):
     head_decoder = "cls.predictions.decoder"
     mlm_class = "BertForMaskedLM"
     base_class = "BertModel"
+    nsp_name: str | None = "cls.seq_relationship"
+    """The next-sentence (sentence-order) classifier over the pooled output, None when the family has none."""
+    pretraining_class: str | None = "BertForPreTraining"
+    """The HF class holding both the MLM head and that classifier."""
 
     # ---------------------------------------------------------------------------------------------- config
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
@@ -63,6 +67,7 @@ class _BertLike(Converter):
             pad_id=hf.get("pad_token_id") or 0,
             pooler=self.pooler_name is not None and f"{self.pooler_name}.weight" in sd,
             lm_head=f"{self.head_dense}.weight" in sd,
+            nsp_head=self.nsp_name is not None and f"{self.nsp_name}.weight" in sd,
             tie_embeddings=hf.get("tie_word_embeddings", True),
         )
 
@@ -74,7 +79,7 @@ class _BertLike(Converter):
             raise LMForgeError(f"{self.model_type} export needs model.type_vocab_size >= 1")
         return {
             "model_type": self.model_type,
-            "architectures": [self.mlm_class if cfg.lm_head else self.base_class],
+            "architectures": [self._pretraining(cfg) or (self.mlm_class if cfg.lm_head else self.base_class)],
             "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.d_model,
             "num_hidden_layers": cfg.n_layers,
@@ -125,6 +130,8 @@ class _BertLike(Converter):
             p.append(Pair("lm_head.bias", (self.head_bias,)))
             if not cfg.tie_embeddings:
                 p.append(Pair("lm_head.weight", (f"{self.head_decoder}.weight",)))
+        if cfg.nsp_head and self.nsp_name is not None:
+            p += linear("nsp_head", self.nsp_name, True)
         return p
 
     def pairs(self, cfg: ModelConfig) -> list[Pair]:
@@ -139,7 +146,13 @@ class _BertLike(Converter):
     def normalize(self, sd: StateDict) -> StateDict:
         return add_prefix(_legacy_norm_names(sd), f"{self.prefix}.", ("embeddings.", "encoder.", "pooler."))
 
+    def _pretraining(self, cfg: ModelConfig) -> str | None:
+        """The *ForPreTraining class when the model has both the MLM head and the sentence classifier."""
+        return self.pretraining_class if cfg.lm_head and cfg.nsp_head else None
+
     def auto_class(self, cfg: ModelConfig) -> str:
+        if self._pretraining(cfg):
+            return "AutoModelForPreTraining"
         return "AutoModelForMaskedLM" if cfg.lm_head else "AutoModel"
 
 
@@ -160,6 +173,7 @@ class RobertaConverter(_BertLike):
         "lm_head.decoder",
     )
     mlm_class, base_class = "RobertaForMaskedLM", "RobertaModel"
+    nsp_name = pretraining_class = None
 
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
         return families.ROBERTA
@@ -192,6 +206,7 @@ class ElectraConverter(_BertLike):
     )
     head_decoder = "generator_lm_head"
     mlm_class, base_class = "ElectraForMaskedLM", "ElectraModel"
+    nsp_name = pretraining_class = None
 
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
         rtd = "discriminator_predictions.dense.weight" in sd
@@ -246,6 +261,7 @@ class AlbertConverter(_BertLike):
         "predictions.decoder",
     )
     mlm_class, base_class = "AlbertForMaskedLM", "AlbertModel"
+    nsp_name, pretraining_class = "sop_classifier.classifier", "AlbertForPreTraining"
 
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
         return families.ALBERT

@@ -1,0 +1,157 @@
+"""ELECTRA replaced-token detection (Clark et al. 2020 §2).
+
+A small generator is trained as a masked LM; its samples replace the masked tokens, and the discriminator
+predicts for every token whether it was replaced. Loss = L_MLM(generator) + λ · L_Disc (λ = 50). The two share
+their token, position and segment embeddings (and the embedding LayerNorm), as in the paper's §3.2."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.errors import LMForgeError
+from lmforge.models import ModelConfig, Transformer
+from lmforge.objectives import masking as M
+from lmforge.objectives.base import LossOutput
+from lmforge.objectives.mlm import MaskedObjective, check_rates
+from lmforge.registry import OBJECTIVES
+
+SHARED_EMBEDDINGS = ("pos_emb", "type_emb", "emb_norm")  # encoder-stack modules the generator borrows
+
+
+@dataclass
+class ElectraOptions:
+    mask_rate: float = 0.15
+    """Fraction of the tokens the generator predicts (and may replace)."""
+    mask_frac: float = 0.85
+    """Of the masked tokens, the fraction shown to the generator as [MASK]; the released ELECTRA code uses 85%
+    [MASK], 0% random, 15% unchanged."""
+    random_frac: float = 0.0
+    static: bool = False
+    whole_word: bool = False
+    disc_weight: float = 50.0
+    """λ, the weight of the discriminator loss (§2: λ = 50)."""
+    generator_scale: float = 0.25
+    """Generator width (d_model, d_ff, heads) as a fraction of the discriminator's (§3.2: 1/4 to 1/2 work best)."""
+    generator_preset: str | None = None
+    """A preset for the generator instead of generator_scale (e.g. electra-small-generator)."""
+
+    def __post_init__(self) -> None:
+        check_rates(self)
+        if self.disc_weight < 0:
+            raise LMForgeError(f"objective.disc_weight must be >= 0, got {self.disc_weight}")
+        if not 0.0 < self.generator_scale <= 1.0:
+            raise LMForgeError(f"objective.generator_scale must be in (0, 1], got {self.generator_scale}")
+
+
+@dataclass
+class ElectraOutput:
+    gen_logits: Tensor
+    """(N, V) generator logits at the N masked positions."""
+    rtd_logits: Tensor
+    """(B, T) discriminator logits, > 0 = "replaced"."""
+    replaced: Tensor
+    """(B, T) bool: the discriminator's input differs from the original token there."""
+
+
+class ElectraModel(nn.Module):
+    """Generator + discriminator with shared embeddings. `forward` masks nothing: it takes the masked inputs and
+    labels, runs the generator, samples replacements (no gradient through sampling) and runs the discriminator."""
+
+    def __init__(self, disc_cfg: ModelConfig, gen_cfg: ModelConfig) -> None:
+        super().__init__()
+        self.discriminator = Transformer(disc_cfg)
+        self.generator = Transformer(gen_cfg)
+        self.config = disc_cfg
+        g, d = self.generator, self.discriminator
+        g.tok_emb = d.tok_emb
+        for name in SHARED_EMBEDDINGS:
+            if hasattr(d.encoder, name):
+                setattr(g.encoder, name, getattr(d.encoder, name))
+        g.tie_weights()  # the generator's output matrix is the (shared) input embedding matrix
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        seen, total = set(), 0
+        for name, p in self.named_parameters():
+            if id(p) in seen or (non_embedding and (name.endswith("tok_emb.weight") or ".pos_emb." in name)):
+                continue
+            seen.add(id(p))
+            total += p.numel()
+        return total
+
+    def forward(
+        self, input_ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> ElectraOutput:  # fmt: skip
+        sel = labels != M.IGNORE  # (B, T)
+        h = self.generator(input_ids, attention_mask, token_type_ids=token_type_ids, return_logits=False)
+        gen_logits = self.generator.logits(h.last_hidden_state[sel])  # (N, V)
+        original = torch.where(sel, labels, input_ids)
+        with torch.no_grad():
+            probs = torch.softmax(gen_logits.detach().float(), -1)
+            sampled = torch.multinomial(probs, 1).squeeze(-1) if len(probs) else original[sel]
+        corrupted = original.masked_scatter(sel, sampled)
+        out = self.discriminator(corrupted, attention_mask, token_type_ids=token_type_ids, return_logits=False)
+        return ElectraOutput(gen_logits, out.rtd_logits, corrupted != original)
+
+
+def generator_config(disc: ModelConfig, scale: float, preset: str | None) -> ModelConfig:
+    """The generator: a scaled-down copy of the discriminator with an MLM head and its embedding width."""
+    emb = disc.embedding_dim or disc.d_model
+    if preset is not None:
+        from lmforge.models import get_preset
+
+        gen = get_preset(preset, vocab_size=disc.vocab_size, max_seq_len=disc.max_seq_len)
+        if (gen.embedding_dim or gen.d_model) != emb:
+            raise LMForgeError(
+                f"objective.generator_preset '{preset}' has embedding width {gen.embedding_dim or gen.d_model}, "
+                f"the discriminator {emb}: shared embeddings need the same width"
+            )
+        return gen
+    heads = max(1, round(disc.n_heads * scale))
+    d_model = heads * max(1, round(disc.d_model * scale / heads))
+    return dataclasses.replace(
+        disc, name=f"{disc.name}-generator", d_model=d_model, n_heads=heads, n_kv_heads=None, head_dim=None,
+        d_ff=max(1, round(disc.d_ff * scale)), embedding_dim=emb, lm_head=True, lm_head_transform=True,
+        lm_head_bias=True, tie_embeddings=True, rtd_head=False, pooler=False, nsp_head=False,
+    )  # fmt: skip
+
+
+@OBJECTIVES.register("electra")
+class Electra(MaskedObjective):
+    """Replaced-token detection with a jointly trained MLM generator."""
+
+    name = "electra"
+    Options = ElectraOptions
+    export_module = "discriminator"
+    """The network `lmforge.load(run)` returns (the model section of the run's config describes it)."""
+
+    def build_model(self, model_cfg) -> nn.Module:
+        if model_cfg.arch != "encoder" or not model_cfg.rtd_head:
+            raise LMForgeError(
+                "objective 'electra' trains a discriminator: the model needs arch 'encoder' and model.rtd_head=true "
+                "(e.g. --model.preset=electra-tiny)"
+            )
+        o = self.options
+        return ElectraModel(model_cfg, generator_config(model_cfg, o.generator_scale, o.generator_preset))
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        labels = batch["labels"]
+        out: ElectraOutput = model(batch["input_ids"], labels, batch.get("attention_mask"), batch.get("token_type_ids"))
+        sel = labels != M.IGNORE
+        n_masked = int(sel.sum())
+        mlm = F.cross_entropy(out.gen_logits.float(), labels[sel]) if n_masked else out.gen_logits.sum() * 0.0
+        # §2: the discriminator scores every (non-padding) token; a sample equal to the original counts as real.
+        real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(sel)
+        logits, target = out.rtd_logits.float()[real], out.replaced[real].float()
+        disc = F.binary_cross_entropy_with_logits(logits, target)
+        metrics = {
+            "mlm_loss": float(mlm.detach()), "disc_loss": float(disc.detach()),
+            "disc_acc": float(((logits > 0).float() == target).float().mean()),
+            "replaced_frac": float(target.mean()),
+        }  # fmt: skip
+        return LossOutput(mlm + self.options.disc_weight * disc, int(real.sum()), metrics)

@@ -1,0 +1,162 @@
+"""Masked language modelling (Devlin et al. 2019 §3.1, App. A.1): predict 15% of the tokens from their context,
+with 80% of them replaced by [MASK], 10% by a random token and 10% left unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.errors import LMForgeError
+from lmforge.objectives import masking as M
+from lmforge.objectives.base import LossOutput, Objective
+from lmforge.registry import OBJECTIVES
+from lmforge.train.checkpoint import unwrap_model
+
+EVAL_SALT = 0x5EED_E7A1  # validation masks are static, keyed apart from static training masks
+
+
+@dataclass
+class MLMOptions:
+    """Options of the masked-LM objectives (the recipe's `objective.*` keys)."""
+
+    mask_rate: float = 0.15
+    """Fraction of the (non-special) tokens selected for prediction."""
+    mask_frac: float = 0.8
+    """Of the selected tokens, the fraction replaced by [MASK]."""
+    random_frac: float = 0.1
+    """Of the selected tokens, the fraction replaced by a random (non-special) token; the rest stay unchanged."""
+    static: bool = False
+    """Same masks for an example every epoch (BERT's duplicated static masks; RoBERTa §4.1) instead of new ones."""
+    whole_word: bool = False
+    """Select whole words: all sub-word tokens of a word are predicted together."""
+
+    def __post_init__(self) -> None:
+        check_rates(self)
+
+
+def check_rates(o) -> None:
+    """LMForgeError for rates outside [0, 1]."""
+    if not 0.0 < o.mask_rate < 1.0:
+        raise LMForgeError(f"objective.mask_rate must be between 0 and 1 (exclusive), got {o.mask_rate}")
+    for name in ("mask_frac", "random_frac"):
+        if not 0.0 <= getattr(o, name) <= 1.0:
+            raise LMForgeError(f"objective.{name} must be between 0 and 1, got {getattr(o, name)}")
+    if o.mask_frac + o.random_frac > 1.0 + 1e-9:
+        raise LMForgeError(
+            f"objective.mask_frac + objective.random_frac must be at most 1, got {o.mask_frac} + {o.random_frac}"
+        )
+
+
+class MaskedObjective(Objective):
+    """Shared machinery of the encoder objectives: vocabulary tables, [CLS] ... [SEP] framing, token selection
+    (overridden by SpanBERT), the 80/10/10 corruption and the MLM loss with the LM head run only on the
+    selected positions."""
+
+    def __init__(self, cfg, tokenizer) -> None:
+        super().__init__(cfg, tokenizer)
+        if tokenizer.mask_id is None:
+            raise LMForgeError(
+                f"objective '{cfg.objective.name}' needs a tokenizer with a mask token "
+                "(data.tokenizer_family: bert or bart)"
+            )
+        self.mask_id = tokenizer.mask_id
+        self.cls_id = tokenizer.cls_id if tokenizer.cls_id is not None else tokenizer.bos_id
+        self.sep_id = tokenizer.sep_id if tokenizer.sep_id is not None else tokenizer.eos_id
+        self.pad_id = tokenizer.pad_id if tokenizer.pad_id not in (tokenizer.eos_id, None) else None
+        special = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
+        special[torch.tensor(M.special_ids(tokenizer), dtype=torch.long)] = True
+        self.special = special  # (V,) never selected, never drawn
+        self.random_ids = torch.nonzero(~special).flatten()  # (V',) ids a random replacement is drawn from
+        self.word_table = M.word_start_table(tokenizer) if self._needs_words() else None
+        self.seed = cfg.run.seed
+
+    def _needs_words(self) -> bool:
+        return bool(getattr(self.options, "whole_word", False))
+
+    # --- data path ------------------------------------------------------------------------------------------
+
+    def inputs(self, tokens) -> dict[str, Tensor]:
+        """Model inputs before masking: packed windows are framed; loaders that build examples (sentence pairs)
+        yield ready dicts."""
+        if isinstance(tokens, dict):
+            return dict(tokens)
+        return M.frame(tokens, self.cls_id, self.sep_id, self.pad_id)
+
+    def transform(self, tokens) -> dict[str, Tensor]:
+        batch = self.inputs(tokens)
+        static = bool(getattr(self.options, "static", False))
+        draws = M.Draws.static(batch["input_ids"], self.seed) if static else M.Draws()
+        return self.mask(batch, draws)
+
+    def eval_transform(self, tokens) -> dict[str, Tensor]:
+        """Validation batches get static masks, so every evaluation scores the same predictions."""
+        batch = self.inputs(tokens)
+        return self.mask(batch, M.Draws.static(batch["input_ids"], self.seed ^ EVAL_SALT))
+
+    def candidates(self, batch: dict[str, Tensor]) -> Tensor:
+        """(B, L) bool: real, non-special tokens."""
+        ids = batch["input_ids"]
+        ok = ~self.special[ids]
+        if "attention_mask" in batch:
+            ok &= batch["attention_mask"].bool()
+        return ok
+
+    def select(self, batch: dict[str, Tensor], cand: Tensor, draws: M.Draws) -> tuple[Tensor, Tensor | None]:
+        """(selected (B, L) bool, span ids or None): BERT's token-level or whole-word selection."""
+        starts = M.word_starts(batch["input_ids"], cand, self.word_table)
+        return M.select_words(cand, starts, self.options.mask_rate, draws), None
+
+    def mask(self, batch: dict[str, Tensor], draws: M.Draws) -> dict[str, Tensor]:
+        """Select and corrupt: input_ids become the corrupted tokens, labels the originals (IGNORE elsewhere)."""
+        cand = self.candidates(batch)
+        selected, groups = self.select(batch, cand, draws)
+        o = self.options
+        batch["input_ids"], batch["labels"] = M.corrupt(
+            batch["input_ids"], selected, mask_id=self.mask_id, random_ids=self.random_ids,
+            mask_frac=o.mask_frac, random_frac=o.random_frac, draws=draws, groups=groups,
+        )  # fmt: skip
+        return batch
+
+    # --- loss -----------------------------------------------------------------------------------------------
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        mlm, n, acc, out = mlm_loss(model, batch)
+        # Heads this loss does not use (a BERT preset's pooler, say) still join the graph with a zero weight: DDP
+        # (find_unused_parameters=False) expects a gradient for every parameter.
+        for extra in (out.pooled, out.nsp_logits, out.rtd_logits):
+            if extra is not None:
+                mlm = mlm + 0.0 * extra.sum()
+        return LossOutput(mlm, n, {"mlm_acc": acc})
+
+
+def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, float, object]:
+    """(mean cross-entropy over the labelled positions, their count, accuracy, model output).
+
+    The model runs without its LM head; the head then sees only the selected positions (≈15% of the tokens),
+    which saves most of the vocabulary projection."""
+    out = model(
+        batch["input_ids"], batch.get("attention_mask"), token_type_ids=batch.get("token_type_ids"),
+        return_logits=False,
+    )  # fmt: skip
+    labels = batch["labels"]
+    sel = labels != M.IGNORE  # (B, T)
+    h = out.last_hidden_state[sel]  # (N, d_model)
+    logits = unwrap_model(model).logits(h).float()  # (N, V)
+    n = int(sel.sum())
+    if n == 0:  # nothing selected (e.g. rows of special tokens only): a zero loss that keeps the graph
+        return logits.sum() * 0.0, 0, 0.0, out
+    target = labels[sel]
+    loss = F.cross_entropy(logits, target)
+    acc = float((logits.argmax(-1) == target).float().mean())
+    return loss, n, acc, out
+
+
+@OBJECTIVES.register("mlm")
+class MaskedLM(MaskedObjective):
+    """BERT's masked LM alone (no NSP) on [CLS] ... [SEP]-framed packed windows."""
+
+    name = "mlm"
+    Options = MLMOptions

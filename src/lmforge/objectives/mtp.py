@@ -1,0 +1,73 @@
+"""Multi-token prediction (Gloeckle et al. 2024; DeepSeek-V3 §2.2): next-token loss plus the losses of extra heads
+that predict tokens t+2 .. t+1+D from position t. The heads are model fields (model.mtp_heads, mtp_sequential,
+mtp_head; see models/mtp.py), so a saved run reloads with them; inference uses the next-token head only.
+
+Gloeckle et al. sum the cross-entropies of all n heads (reduction=sum, weight=1); DeepSeek-V3 adds λ/D times the
+sum of its D depth losses to the main loss (reduction=mean, weight=λ: 0.3, later 0.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.errors import LMForgeError
+from lmforge.objectives.base import LossOutput, Objective
+from lmforge.registry import OBJECTIVES
+
+
+@dataclass
+class MTPOptions:
+    reduction: Literal["sum", "mean"] = "sum"
+    """How the extra depths' losses combine: summed (Gloeckle et al.) or averaged over depths (DeepSeek-V3)."""
+    weight: float = 1.0
+    """Factor on the combined extra-depth loss (DeepSeek-V3's λ)."""
+
+
+@OBJECTIVES.register("mtp")
+class MultiTokenPrediction(Objective):
+    """Causal LM over packed windows with D extra prediction depths; validation scores the next token only, so
+    its loss, perplexity and bits per byte compare with causal_lm runs."""
+
+    name = "mtp"
+    Options = MTPOptions
+    language_model = True
+
+    def __init__(self, cfg, tokenizer) -> None:
+        super().__init__(cfg, tokenizer)
+        m = cfg.model
+        if m.arch != "decoder" or m.mtp_heads < 1:
+            raise LMForgeError(
+                "objective 'mtp' trains a decoder with multi-token prediction heads: set model.mtp_heads >= 1 "
+                "(e.g. --model.mtp_heads=2, or --model.preset=gpt-mtp-tiny)"
+            )
+        if self.options.weight < 0:
+            raise LMForgeError(f"objective.weight must be >= 0, got {self.options.weight}")
+        if m.mtp_heads >= cfg.train.seq_len:
+            raise LMForgeError(f"model.mtp_heads={m.mtp_heads} needs train.seq_len > {m.mtp_heads}")
+
+    def transform(self, tokens: Tensor) -> dict[str, Tensor]:
+        # Depth k's targets are labels[:, k:]: token t + k + 1 for position t.
+        return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+
+    def depth_losses(self, model: nn.Module, batch: dict[str, Tensor], extra: bool = True) -> list[Tensor]:
+        """Mean cross-entropy per depth: [next token, token t+2, ..., token t+1+D] (only the first when not extra)."""
+        labels = batch["labels"]  # (B, T)
+        out = model(batch["input_ids"], mtp=extra)
+        losses = [F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)]
+        for k, logits in enumerate(out.mtp_logits or [], start=1):  # (B, T - k, V) against labels[:, k:]
+            losses.append(F.cross_entropy(logits.flatten(0, 1), labels[:, k:].flatten(), ignore_index=-100))
+        return losses
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        # Evaluation (model.eval()) skips the extra heads: the validation loss is the next-token loss.
+        main, *depth = self.depth_losses(model, batch, extra=model.training)
+        n = batch["labels"].numel()
+        if not depth:
+            return LossOutput(main, n)
+        extra = sum(depth)
+        if self.options.reduction == "mean":
+            extra = extra / len(depth)
+        return LossOutput(main + self.options.weight * extra, n)
