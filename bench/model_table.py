@@ -8,7 +8,7 @@ model FLOPs of one training step for MFU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -53,6 +53,8 @@ class BenchModel:
     loss: BenchLoss
     batch: int
     seq_len: int
+    overrides: dict = field(default_factory=dict)
+    """ModelConfig fields changed from the preset (e.g. an MLM-only BERT without the NSP head and pooler)."""
 
 
 # --- Hugging Face twins ---------------------------------------------------------------------------------------
@@ -76,7 +78,7 @@ def require_available(name: str, spec: BenchModel, preset: str | None = None) ->
     preset = preset or spec.preset
     if preset not in MODELS:
         raise LMForgeError(f"bench model '{name}' is not available: lmforge has no '{preset}' preset")
-    return MODELS.get(preset)
+    return replace(MODELS.get(preset), **spec.overrides)
 
 
 def _ce(logits: Tensor, labels: Tensor) -> Tensor:
@@ -225,8 +227,15 @@ SPAN_CORRUPTION = BenchLoss(
 # rows, and its HF rows report why there is no twin.
 BENCH_MODELS: dict[str, BenchModel] = {
     "gpt2": BenchModel("gpt2-124m", partial(hf_twin, hf_class="GPT2LMHeadModel"), CAUSAL_LM, 16, 1024),
-    # Needs a "bert" converter in lmforge.models.hf.CONVERTERS for its HF rows.
-    "bert": BenchModel("bert-base", partial(hf_twin, hf_class="BertForMaskedLM"), MASKED_LM, 32, 512),
-    # Needs a "t5" converter; 512 inputs → 114 targets as in T5 pretraining.
+    # MLM only (no NSP head or pooler), as BertForMaskedLM.
+    "bert": BenchModel(
+        "bert-base",
+        partial(hf_twin, hf_class="BertForMaskedLM"),
+        MASKED_LM,
+        32,
+        512,
+        {"nsp_head": False, "pooler": False},
+    ),
+    # 512 inputs → 114 targets as in T5 pretraining.
     "t5": BenchModel("t5-base", partial(hf_twin, hf_class="T5ForConditionalGeneration"), SPAN_CORRUPTION, 16, 512),
 }

@@ -130,6 +130,9 @@ class Attention(nn.Module):
         self.shaw = (
             ShawRelativePosition(self.hd, cfg.rel_max_distance) if cfg.position == "shaw" and not cross else None
         )
+        # Prefix-tuning hook (lmforge.adapt.prefix): a callable (k, v, mask, is_causal, layer) -> (k, v, mask) that
+        # puts learned keys/values before this layer's self-attention keys. A plain attribute, not a submodule.
+        self.kv_prefix = None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -161,6 +164,8 @@ class Attention(nn.Module):
             if self.scale == 1.0:  # unscaled attention (T5-style): undo the shaw module's 1/sqrt(hd)
                 rel = rel * math.sqrt(self.hd)
             mask = rel if mask is None else mask + rel
+        if self.kv_prefix is not None:  # after the cache: cached keys stay the sequence's own
+            k, v, mask = self.kv_prefix(k, v, mask, inp.is_causal and mask is None, layer)
         if self.n_kv != self.n_heads:  # grouped-query: each kv head serves n_heads // n_kv query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
