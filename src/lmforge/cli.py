@@ -46,6 +46,18 @@ def _report_pretrain(trainer, final: dict) -> None:
     print(f"run saved in {trainer.run_dir}")
 
 
+def _finetune(args: argparse.Namespace) -> None:
+    from lmforge.finetune_cli import cmd_finetune
+
+    cmd_finetune(args.recipe, args.init, args.overrides)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from lmforge.finetune_cli import cmd_eval
+
+    cmd_eval(str(args.path), args.task, args.overrides, args.out, args.split)
+
+
 def _generate(args: argparse.Namespace) -> None:
     import torch
 
@@ -125,6 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint")
     pt.set_defaults(fn=_pretrain)
 
+    ft = sub.add_parser("finetune", help="fine-tune a model on a labelled task")
+    ft.add_argument("recipe", nargs="?", help="recipe path or bundled name in recipes/finetune (default sst2-gpt)")
+    ft.add_argument("--init", help="pretrained run/checkpoint/HF dir, fine-tuned run, preset, or none")
+    ft.set_defaults(fn=_finetune)
+
+    ev = sub.add_parser("eval", help="evaluate a fine-tuned run, or zero/few-shot a pretrained model")
+    ev.add_argument("path", type=Path, help="fine-tuned run dir, or a pretrained run/checkpoint for --task recipes")
+    ev.add_argument("--task", action="append", help="recipes/eval name or path (repeatable)")
+    ev.add_argument("--out", help="write the results JSON here")
+    ev.add_argument("--split", help="dataset split to evaluate (default: dev, or each recipe's)")
+    ev.set_defaults(fn=_eval)
+
     g = sub.add_parser("generate", help="generate text from a run dir or checkpoint dir")
     g.add_argument("checkpoint", type=Path)
     g.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
@@ -195,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
-    if args.command == "pretrain":
+    if args.command in ("pretrain", "finetune", "eval"):
         args.overrides = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

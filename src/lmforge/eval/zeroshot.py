@@ -1,0 +1,218 @@
+"""Zero-shot evaluation of a pretrained language model (GPT-1 §5 "Zero-shot behaviours"), and the runner of every
+prompted evaluation (recipes in `recipes/eval/`: a `data` section as fine-tuning has, an `eval` section naming a
+method registered in `EVALS` plus its options).
+
+Methods here: acceptability (CoLA: mean token log-prob above a threshold tuned on train), choice (multiple choice:
+the answer with the highest mean log-prob given the context), winograd (substitute each referent for the blank,
+the most likely sentence wins). Label-word classification (SST-2: "… very" + " positive"/" negative") and prompted
+generation are in `eval/fewshot.py`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from lmforge.config import _all_keys, _build, _merge, parse_overrides, read_yaml, resolve_recipe
+from lmforge.errors import LMForgeError
+from lmforge.eval.lm import LM
+from lmforge.registry import EVALS
+from lmforge.tasks.config import FtDataConfig
+from lmforge.tasks.examples import Dataset
+from lmforge.tasks.seq2seq import render
+
+
+def best_threshold(scores: list[float], positive: list[bool]) -> float:
+    """The threshold t maximising the Matthews correlation of "score > t" against `positive` (of equally good
+    thresholds, the one that predicts the fewest positives)."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=np.float64)
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    n, P = len(s), y.sum()
+    tp = np.concatenate([[0.0], np.cumsum(y)])  # predicting the top i as positive, i = 0..n
+    fp = np.arange(n + 1) - tp
+    fn, tn = P - tp, (n - P) - fp
+    denom = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    mcc = np.where(denom > 0, (tp * tn - fp * fn) / np.where(denom > 0, denom, 1), 0.0)
+    # Cutting between ranks i-1 and i only makes sense where the scores differ.
+    valid = np.concatenate([[True], s[:-1] > s[1:], [True]])
+    i = int(np.argmax(np.where(valid, mcc, -np.inf)))
+    if i == 0:
+        return float(s[0]) if n else 0.0
+    if i == n:
+        return float(s[-1]) - 1.0
+    return float((s[i - 1] + s[i]) / 2)
+
+
+@dataclass
+class AcceptabilityOptions:
+    tune_split: str = "train"
+    """Split the threshold is tuned on (GPT-1 §5 tunes on the training data)."""
+    max_tune: int | None = 1000
+    positive_label: str = "1"
+    """The label meaning "acceptable"."""
+    metrics: list[str] = field(default_factory=lambda: ["mcc", "accuracy"])
+
+
+@EVALS.register("acceptability")
+class Acceptability:
+    """CoLA zero-shot: mean token log-probability of the sentence, thresholded."""
+
+    Options = AcceptabilityOptions
+
+    def __init__(self, options: AcceptabilityOptions) -> None:
+        self.o = options
+
+    def mean_logprobs(self, lm: LM, ds: Dataset) -> list[float]:
+        out = []
+        for parts in lm.score_rolling([e.text for e in ds.examples]):
+            lp = [x for p in parts for x in p.logprobs]
+            out.append(sum(lp) / max(len(lp), 1))
+        return out
+
+    def run(self, lm: LM, splits: dict[str, Dataset], split: str) -> dict[str, float]:
+        from lmforge.tasks.scoring import score
+
+        if self.o.tune_split not in splits:
+            raise LMForgeError(f"acceptability: no '{self.o.tune_split}' split to tune the threshold on")
+        tune = splits[self.o.tune_split]
+        tune = Dataset(tune.examples[: self.o.max_tune], tune.labels, tune.source)
+        positive = [str(e.label) == self.o.positive_label for e in tune.examples]
+        threshold = best_threshold(self.mean_logprobs(lm, tune), positive)
+        ev = splits[split]
+        preds = [int(x > threshold) for x in self.mean_logprobs(lm, ev)]
+        gold = [int(str(e.label) == self.o.positive_label) for e in ev.examples]
+        return score(self.o.metrics, preds, gold)
+
+
+@dataclass
+class ChoiceOptions:
+    template: str = "{text}"
+    """The context; fields {text}, {text_pair}, {context}."""
+    choice_prefix: str = " "
+    normalize: Literal["mean", "sum"] = "mean"
+    """GPT-1 §5: the answer with the highest average token log-probability."""
+
+
+@EVALS.register("choice")
+class Choice:
+    """Multiple choice zero-shot (RACE, Story Cloze, COPA): the most likely answer given the context."""
+
+    Options = ChoiceOptions
+
+    def __init__(self, options: ChoiceOptions) -> None:
+        self.o = options
+
+    def run(self, lm: LM, splits: dict[str, Dataset], split: str) -> dict[str, float]:
+        from lmforge.tasks.scoring import score
+
+        exs = splits[split].examples
+        reqs = [(render(self.o.template, e), self.o.choice_prefix + c) for e in exs for c in e.choices or []]
+        scored = iter(lm.score(reqs))
+        preds = []
+        for e in exs:
+            vals = [s.mean if self.o.normalize == "mean" else s.total for _, s in zip(e.choices or [], scored)]
+            preds.append(int(np.argmax(vals)))
+        return score(["accuracy"], preds, [int(e.label) for e in exs])
+
+
+@dataclass
+class WinogradOptions:
+    blank: str = "_"
+    """The placeholder in `Example.text` that each of `choices` replaces."""
+    scoring: Literal["full", "partial"] = "full"
+    """full: log-prob of the whole substituted sentence; partial: of the words after the blank given the
+    substituted start (Trinh & Le 2018)."""
+
+
+@EVALS.register("winograd")
+class Winograd:
+    """Winograd schemas: substitute each referent for the pronoun (the blank); the most likely sentence wins."""
+
+    Options = WinogradOptions
+
+    def __init__(self, options: WinogradOptions) -> None:
+        self.o = options
+
+    def run(self, lm: LM, splits: dict[str, Dataset], split: str) -> dict[str, float]:
+        from lmforge.tasks.scoring import score
+
+        exs = splits[split].examples
+        for e in exs:
+            if self.o.blank not in e.text or not e.choices:
+                raise LMForgeError(f"winograd example {e.id or e.text[:40]!r} needs a '{self.o.blank}' and choices")
+        if self.o.scoring == "full":
+            values = lm.loglikelihood_rolling([e.text.replace(self.o.blank, c, 1) for e in exs for c in e.choices])
+        else:
+            reqs = []
+            for e in exs:
+                head, tail = e.text.split(self.o.blank, 1)
+                reqs += [(head + c, tail) for c in e.choices]
+            values = [lp for lp, _ in lm.loglikelihood(reqs)]
+        it, preds = iter(values), []
+        for e in exs:
+            preds.append(int(np.argmax([v for _, v in zip(e.choices, it)])))
+        return score(["accuracy"], preds, [int(e.label) for e in exs])
+
+
+# --- prompted-evaluation recipes --------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalSection:
+    method: str = "prompt_classify"
+    """A registered method: prompt_classify, prompt_generate, acceptability, choice, winograd."""
+    options: Any = None
+
+
+@dataclass
+class PromptEvalConfig:
+    name: str = ""
+    """Row name in the results table (default: the recipe's name)."""
+    split: str = "dev"
+    batch_size: int = 16
+    device: str = "auto"
+    data: FtDataConfig = field(default_factory=FtDataConfig)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+
+def _methods_registered() -> None:
+    from lmforge.eval import fewshot  # noqa: F401  (registers prompt_classify, prompt_generate)
+
+
+def load_prompt_config(recipe: str | Path, overrides: list[str] | dict | None = None) -> PromptEvalConfig:
+    """A prompted-evaluation recipe (path or bundled name in recipes/eval/) + dotted overrides."""
+    _methods_registered()
+    path = resolve_recipe(str(recipe), kind="eval")
+    raw = read_yaml(path)
+    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    raw = _merge(raw, over)
+    section = dict(raw.pop("eval", None) or {})
+    cfg = _build(PromptEvalConfig, raw, "", _all_keys(PromptEvalConfig))
+    method = str(section.pop("method", EvalSection.method))
+    options_cls = EVALS.get(method).Options
+    keys = [f"eval.{k}" for k in _all_keys(options_cls)] + ["eval.method"]
+    cfg.eval = EvalSection(method, _build(options_cls, section, "eval.", keys))
+    cfg.name = cfg.name or path.stem
+    return cfg
+
+
+def run_prompt_eval(cfg: PromptEvalConfig, model, tokenizer) -> dict[str, float]:
+    """Load the recipe's data and run its method with `model` on `cfg.split`."""
+    from lmforge.tasks.data import load_splits
+
+    _methods_registered()
+    splits = load_splits(cfg.data)
+    if cfg.split not in splits:
+        raise LMForgeError(f"split '{cfg.split}' not found (have: {', '.join(splits)})")
+    lm = LM(model, tokenizer, batch_size=cfg.batch_size)
+    return EVALS.get(cfg.eval.method)(cfg.eval.options).run(lm, splits, cfg.split)
+
+
+def prompt_config_dict(cfg: PromptEvalConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d["eval"] = {"method": cfg.eval.method, **(d["eval"].pop("options") or {})}
+    return d

@@ -1,0 +1,167 @@
+"""The task interface: reader output (`Dataset`) → input transformation (`features`) → head (`make_head`) →
+`loss` → `evaluate` (metrics). One file per task type, one `TASKS` registration each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.errors import LMForgeError
+from lmforge.objectives.base import LossOutput
+from lmforge.tasks.examples import Dataset
+from lmforge.tasks.inputs import Format, add_task_tokens, batches, collate, make_framer, resolve_format
+from lmforge.tasks.model import TaskModel, TaskOutput
+
+
+@dataclass
+class TaskOptions:
+    """Options every task type has (the `task.*` keys of a fine-tuning recipe)."""
+
+    format: Format = "auto"
+    """Input transformation: gpt, bert, encoder_mean, bart, or auto (by the model's arch; see tasks/inputs.py)."""
+    max_len: int = 128
+    """Longest model input in tokens; longer texts are truncated (longest first)."""
+    head_dropout: float = 0.1
+    lm_coef: float = 0.5
+    """GPT-1 §3.3 auxiliary LM objective: L3 = L2 + lm_coef·L1 over the task inputs ("gpt" format only;
+    0 = the "w/o aux LM" ablation)."""
+    metrics: list[str] | None = None
+    """Metrics to report (None = the task type's defaults; see tasks/scoring.py)."""
+
+
+class Task:
+    """Base class of the task types. Subclasses set `Options`, `default_metrics` and implement `make_head`,
+    `features`, `loss` and `predict` (or override `evaluate`)."""
+
+    name: str = ""
+    Options: type = TaskOptions
+    default_metrics: tuple[str, ...] = ("accuracy",)
+    needs_labels: bool = False
+    """Whether the task classifies into a label set (taken from the train split, saved with the run)."""
+
+    def __init__(self, options: Any, tokenizer, labels: list[str] | None = None) -> None:
+        self.options, self.tokenizer = options, tokenizer
+        self.labels = labels
+        if self.needs_labels and not labels:
+            raise LMForgeError(f"task '{self.name}' needs a label set, but the data has none")
+        self.fmt: str | None = None
+
+    # --- construction ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def label_set(cls, train: Dataset) -> list[str] | None:
+        """The label names of a training split (its own list, else the sorted distinct labels)."""
+        if not cls.needs_labels:
+            return None
+        if train.labels:
+            return [str(x) for x in train.labels]
+        found = {str(e.label) for e in train.examples if e.label is not None}
+        if not found:
+            raise LMForgeError(f"{train.source or 'training data'}: no labelled examples")
+        return sorted(found)
+
+    @property
+    def metric_names(self) -> list[str]:
+        return list(self.options.metrics or self.default_metrics)
+
+    @property
+    def main_metric(self) -> str:
+        return self.metric_names[0]
+
+    def build(self, backbone: nn.Module) -> TaskModel:
+        """Resolve the format against the backbone, add the GPT task tokens if needed, attach the head."""
+        cfg = backbone.config
+        self.fmt = resolve_format(self.options.format, cfg.arch, self.tokenizer)
+        if self.fmt == "gpt":
+            add_task_tokens(backbone, self.tokenizer)
+        self.framer = make_framer(self.fmt, self.tokenizer, cfg.type_vocab_size)
+        self.max_len = self.options.max_len
+        if cfg.position == "learned":  # learned positions end at max_seq_len (bart: the decoder start takes one)
+            self.max_len = min(self.max_len, cfg.max_seq_len - (1 if self.fmt == "bart" else 0))
+        self.arch = cfg.arch
+        return TaskModel(backbone, self.make_head(cfg), self.fmt)
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return next((i for i in (tok.pad_id, tok.eos_id) if i is not None), 0)
+
+    def make_head(self, cfg) -> nn.Module | None:
+        """The head for a backbone of ModelConfig `cfg` (None: the backbone's own LM head does the task)."""
+        raise NotImplementedError
+
+    # --- data ---------------------------------------------------------------------------------------------
+
+    def features(self, dataset: Dataset, train: bool = False) -> list[dict]:
+        """Input transformation: one feature dict per example (span QA: per context window)."""
+        raise NotImplementedError
+
+    def label_index(self, label: Any, where: str) -> int:
+        key = str(label)
+        if key not in self._label_ids:
+            raise LMForgeError(f"{where}: label {label!r} is not in the label set {self.labels}")
+        return self._label_ids[key]
+
+    @property
+    def _label_ids(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.labels or [])}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    # --- training and evaluation ----------------------------------------------------------------------------
+
+    def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
+        raise NotImplementedError
+
+    def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
+        """Predictions of one batch (label indices, floats, ...); `feats` are its feature dicts."""
+        raise NotImplementedError
+
+    def gold(self, dataset: Dataset) -> list:
+        """The references `predict`'s outputs are scored against."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> dict[str, float]:
+        """The task's metrics on a labelled split."""
+        from lmforge.tasks.scoring import score
+
+        preds = self.predict_all(model, dataset, batch_size)
+        return score(self.metric_names, preds, self.gold(dataset))
+
+    @torch.no_grad()
+    def predict_all(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> list:
+        training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        preds: list = []
+        try:
+            for chunk in batches(self.features(dataset), batch_size):
+                batch = {k: v.to(device) for k, v in collate(chunk, self.pad_id).items()}
+                preds += self.predict(model, batch, chunk)
+        finally:
+            model.train(training)
+        return preds
+
+    def aux_lm_loss(self, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]) -> Tensor | None:
+        """GPT-1 L1 over the task inputs (next-token NLL on real tokens), or None when it does not apply."""
+        if self.fmt != "gpt" or self.options.lm_coef == 0 or not model.config.lm_head:
+            return None
+        ids = batch["input_ids"].flatten(0, -2) if batch["input_ids"].dim() == 3 else batch["input_ids"]
+        logits = model.backbone.logits(out.hidden[:, :-1])  # (B·N, T-1, V)
+        targets = ids[:, 1:].masked_fill(out.mask[:, 1:] == 0, -100)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+    def with_aux(self, task_loss: Tensor, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]) -> LossOutput:
+        """L3 = L2 + λ·L1 (GPT-1 §3.3); the parts are reported as metrics."""
+        n = batch["input_ids"].shape[0]
+        lm = self.aux_lm_loss(model, out, batch)
+        if lm is None:
+            return LossOutput(task_loss, n, {"task_loss": float(task_loss.detach())})
+        total = task_loss + self.options.lm_coef * lm
+        return LossOutput(total, n, {"task_loss": float(task_loss.detach()), "lm_loss": float(lm.detach())})

@@ -1,0 +1,136 @@
+"""The labelled splits of a fine-tuning run (`data.*` keys), read with the readers of `lmforge.tasks.readers`.
+
+Sources (`data.source`):
+- bundled: a labelled set shipped with lmforge (`data.name`, e.g. sentiment);
+- glue / superglue: a task dir as distributed (`data.dir`), task `data.name`;
+- squad: SQuAD v1.1/2.0 JSON files; conll2003: CoNLL-2003 files; table: jsonl/csv/tsv with a field mapping
+  (`data.text_field`, `data.text_pair_field`, `data.label_field`) — files from `data.train/dev/test`;
+- fetched: a set built by `lmforge data fetch NAME` (`data.name`); dir: a labelled-set dir in the same layout
+  (`meta.json` + `train/dev/test.jsonl`, objects with `Example`'s fields).
+A run without a dev split holds out the last 10% of train (deterministic) as dev."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+from lmforge.tasks.config import FtDataConfig
+from lmforge.tasks.examples import Dataset
+
+SPLITS = ("train", "dev", "test")
+
+
+def _bundled(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import load_bundled
+
+    return dict(load_bundled(cfg.name))
+
+
+def _glue(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import read_glue
+
+    return _per_split(cfg, lambda split: read_glue(cfg.name, _need_dir(cfg), split))
+
+
+def _superglue(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import read_superglue
+
+    return _per_split(cfg, lambda split: read_superglue(cfg.name, _need_dir(cfg), split))
+
+
+def _files(cfg: FtDataConfig, reader: Callable[[Path], Dataset]) -> dict[str, Dataset]:
+    out = {}
+    for split in SPLITS:
+        path = getattr(cfg, split)
+        if path is not None:
+            out[split] = reader(Path(path))
+    return out
+
+
+def _squad(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import read_squad
+
+    return _files(cfg, read_squad)
+
+
+def _conll(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import read_conll2003
+
+    return _files(cfg, read_conll2003)
+
+
+def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import read_table
+
+    return _files(cfg, lambda p: read_table(p, cfg.text_field, cfg.label_field, cfg.text_pair_field))
+
+
+def _dir(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import load_labelled_dir
+
+    return load_labelled_dir(_need_dir(cfg))
+
+
+def _fetched(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.readers import load_fetched
+
+    return load_fetched(cfg.name)
+
+
+SOURCES: dict[str, Callable[[FtDataConfig], dict[str, Dataset]]] = {
+    "bundled": _bundled,
+    "glue": _glue,
+    "superglue": _superglue,
+    "squad": _squad,
+    "conll2003": _conll,
+    "table": _table,
+    "dir": _dir,
+    "fetched": _fetched,
+}
+
+
+def _need_dir(cfg: FtDataConfig) -> Path:
+    if cfg.dir is None:
+        raise LMForgeError(f"data.source={cfg.source} needs --data.dir (the data directory)")
+    return Path(cfg.dir)
+
+
+def _per_split(cfg: FtDataConfig, read: Callable[[str], Dataset]) -> dict[str, Dataset]:
+    out = {"train": read("train")}
+    for split in ("dev", "test"):
+        try:
+            out[split] = read(split)
+        except LMForgeError:
+            if split == "dev":
+                raise
+    return out
+
+
+def load_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
+    """train, dev (and test when present) of the configured source, capped by data.max_train / max_eval."""
+    if cfg.source not in SOURCES:
+        raise LMForgeError(f"data.source: unknown source '{cfg.source}' (known: {', '.join(SOURCES)})")
+    splits = SOURCES[cfg.source](cfg)
+    if "train" not in splits or not splits["train"].examples:
+        raise LMForgeError(f"data ({cfg.source} {cfg.name}): no training examples")
+    if "dev" not in splits:
+        train = splits["train"]
+        cut = len(train.examples) - max(1, len(train.examples) // 10)
+        splits["dev"] = Dataset(train.examples[cut:], train.labels, train.source + " (held-out 10%)")
+        splits["train"] = Dataset(train.examples[:cut], train.labels, train.source)
+    caps = {"train": cfg.max_train, "dev": cfg.max_eval, "test": cfg.max_eval}
+    for split, ds in splits.items():
+        if caps.get(split) is not None:
+            splits[split] = Dataset(ds.examples[: caps[split]], ds.labels, ds.source)
+    return splits
+
+
+def example_texts(datasets: list[Dataset]) -> list[str]:
+    """Every text of the examples (to train a tokenizer for a randomly initialised model)."""
+    out = []
+    for ds in datasets:
+        for e in ds.examples:
+            out += [t for t in (e.text, e.text_pair, e.context, e.target) if t]
+            out += list(e.choices or []) + [" ".join(e.tokens or [])]
+    return [t for t in out if t]

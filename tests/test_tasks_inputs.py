@@ -1,0 +1,165 @@
+"""Input transformations: exact token sequences of every format, truncation, vocabulary growth, batching."""
+
+import pytest
+import tasks_testing as T
+import torch
+
+from lmforge.errors import LMForgeError
+from lmforge.registry import TASKS
+from lmforge.tasks.examples import Dataset, Example
+from lmforge.tasks.inputs import GPT_TOKENS, add_task_tokens, collate, make_framer, resize_embeddings, truncate_pair
+
+PREMISE = "It is a truth universally acknowledged"
+HYPOTHESIS = "a single man must be in want of a wife"
+
+
+def task(name: str, family: str, preset: str, labels=None, **options):
+    tok = T.tokenizer(family)
+    cls = TASKS.get(name)
+    opts = cls.Options(**options)
+    t = cls(opts, tok, labels)
+    t.build(T.model(preset, tok))
+    return t, tok
+
+
+def specials(tok) -> tuple[int, int, int]:
+    return tuple(tok.token_to_id(x) for x in GPT_TOKENS)
+
+
+def test_gpt_entailment_is_start_premise_delim_hypothesis_extract():
+    t, tok = task("pair_classification", "gpt", "gpt-tiny", ["entailment", "not_entailment"])
+    s, d, e = specials(tok)
+    assert (s, d, e) == (400, 401, 402)  # appended after the 400-token vocabulary
+    ex = Example(text=PREMISE, text_pair=HYPOTHESIS, label="entailment")
+    [f] = t.features(Dataset([ex]))
+    assert f["input_ids"] == [[s, *tok.encode(PREMISE), d, *tok.encode(HYPOTHESIS), e]]
+    assert f["label"] == 0
+
+
+def test_gpt_similarity_scores_both_orderings():
+    t, tok = task("regression", "gpt", "gpt-tiny", symmetric=True)
+    s, d, e = specials(tok)
+    a, b = tok.encode(PREMISE), tok.encode(HYPOTHESIS)
+    [f] = t.features(Dataset([Example(text=PREMISE, text_pair=HYPOTHESIS, label=3.5)]))
+    assert f["input_ids"] == [[s, *a, d, *b, e], [s, *b, d, *a, e]]
+    assert f["label"] == 3.5
+    assert t._combine() == "sum"
+
+
+def test_symmetric_does_not_apply_to_bert_format():
+    t, tok = task("pair_classification", "bert", "bert-tiny", ["no", "yes"], symmetric=True)
+    [f] = t.features(Dataset([Example(text=PREMISE, text_pair=HYPOTHESIS, label="yes")]))
+    assert len(f["input_ids"]) == 1
+
+
+def test_gpt_multiple_choice_is_one_sequence_per_answer():
+    t, tok = task("multiple_choice", "gpt", "gpt-tiny")
+    s, d, e = specials(tok)
+    choices = ["a wife", "a fortune", "a neighbourhood"]
+    [f] = t.features(Dataset([Example(text=PREMISE, choices=choices, label=1)]))
+    assert f["input_ids"] == [[s, *tok.encode(PREMISE), d, *tok.encode(c), e] for c in choices]
+    assert f["label"] == 1
+
+
+def test_gpt_single_sentence_is_start_text_extract():
+    t, tok = task("classification", "gpt", "gpt-tiny", ["negative", "positive"])
+    s, _, e = specials(tok)
+    [f] = t.features(Dataset([Example(text=PREMISE, label="positive")]))
+    assert f["input_ids"] == [[s, *tok.encode(PREMISE), e]] and f["label"] == 1
+
+
+def test_bert_pair_is_cls_a_sep_b_sep_with_segments():
+    t, tok = task("pair_classification", "bert", "bert-tiny", ["no", "yes"])
+    a, b = tok.encode(PREMISE), tok.encode(HYPOTHESIS)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    [f] = t.features(Dataset([Example(text=PREMISE, text_pair=HYPOTHESIS, label="yes")]))
+    assert f["input_ids"] == [[cls, *a, sep, *b, sep]]
+    assert f["token_type_ids"] == [[0] * (len(a) + 2) + [1] * (len(b) + 1)]
+    assert tok.token_to_id("<|start|>") is None  # no GPT tokens in an encoder's vocabulary
+
+
+def test_roberta_bart_pairs_use_a_double_separator_and_one_segment():
+    t, tok = task("pair_classification", "bart", "roberta-tiny", ["no", "yes"])
+    a, b = tok.encode(PREMISE), tok.encode(HYPOTHESIS)
+    [f] = t.features(Dataset([Example(text=PREMISE, text_pair=HYPOTHESIS, label="no")]))
+    assert f["input_ids"] == [[0, *a, 2, 2, *b, 2]]  # <s> A </s></s> B </s>
+    assert set(f["token_type_ids"][0]) == {0}  # RoBERTa has one token type
+
+
+def test_t5_encoder_framing_has_no_cls():
+    tok = T.tokenizer("t5")
+    fr = make_framer("encoder_mean", tok)
+    a, b = tok.encode(PREMISE), tok.encode(HYPOTHESIS)
+    assert fr.frame(a, b)[0] == [*a, 1, *b, 1]  # A </s> B </s>
+
+
+def test_auto_format_follows_the_architecture():
+    assert task("classification", "gpt", "gpt-tiny", ["a", "b"])[0].fmt == "gpt"
+    assert task("classification", "bert", "bert-tiny", ["a", "b"])[0].fmt == "bert"
+    assert task("classification", "bart", "bart-tiny", ["a", "b"])[0].fmt == "bart"
+    assert task("classification", "t5", "t5-tiny", ["a", "b"])[0].fmt == "encoder_mean"
+    with pytest.raises(LMForgeError, match="task.format 'gpt' needs a model of arch decoder, got 'encoder'"):
+        task("classification", "bert", "bert-tiny", ["a", "b"], format="gpt")
+
+
+def test_truncation_is_longest_first_and_respects_max_len():
+    a, b = list(range(10)), list(range(100, 104))
+    assert truncate_pair(a, b, 8) == ([0, 1, 2, 3], [100, 101, 102, 103])
+    assert truncate_pair(a, b, 7) == ([0, 1, 2, 3], [100, 101, 102])
+    assert truncate_pair(a, None, 3) == ([0, 1, 2], None)
+    t, tok = task("pair_classification", "gpt", "gpt-tiny", ["x", "y"], max_len=12)
+    [f] = t.features(Dataset([Example(text=PREMISE * 3, text_pair=HYPOTHESIS * 3, label="x")]))
+    assert len(f["input_ids"][0]) == 12
+
+
+def test_add_task_tokens_grows_the_model_and_keeps_old_rows():
+    tok = T.tokenizer("gpt")
+    m = T.model("gpt-tiny", tok)
+    ids = torch.tensor([tok.encode(PREMISE)])
+    before = m(ids).logits
+    old = m.tok_emb.weight.detach().clone()
+    new_ids = add_task_tokens(m, tok)
+    assert new_ids == [400, 401, 402] and tok.vocab_size == 403 and m.config.vocab_size == 403
+    assert m.tok_emb.weight.shape == (403, 64) and m.lm_head.weight is m.tok_emb.weight  # still tied
+    torch.testing.assert_close(m.tok_emb.weight[:400], old)
+    torch.testing.assert_close(m(ids).logits[..., :400], before)
+    assert add_task_tokens(m, tok) == new_ids and m.config.vocab_size == 403  # idempotent
+
+
+def test_resize_embeddings_initialises_new_rows_like_the_model():
+    m = T.model("llama-tiny", T.tokenizer("gpt"))  # untied output matrix
+    torch.manual_seed(0)
+    resize_embeddings(m, 400 + 4000)
+    new = m.tok_emb.weight[400:].detach()
+    assert abs(float(new.std()) - m.config.init_std) < 0.001 and abs(float(new.mean())) < 0.001
+    assert m.lm_head.weight.shape == (4400, 64) and m.lm_head.weight is not m.tok_emb.weight
+    assert abs(float(m.lm_head.weight[400:].detach().std()) - m.config.init_std) < 0.001
+
+
+def test_resize_grows_a_biased_tied_head_with_zero_bias():
+    m = T.model("bart-tiny", T.tokenizer("bart"))
+    with torch.no_grad():
+        m.lm_head.bias.fill_(0.5)
+    resize_embeddings(m, 410)
+    assert m.lm_head.weight is m.tok_emb.weight
+    assert torch.all(m.lm_head.bias[:400] == 0.5) and torch.all(m.lm_head.bias[400:] == 0)
+
+
+def test_collate_pads_right_with_masks_and_minus_100_labels():
+    feats = [
+        {"input_ids": [5, 6, 7], "labels": [1, 2, 3], "label": 1, "_meta": "x"},
+        {"input_ids": [8], "labels": [4], "label": 0, "_meta": "y"},
+    ]
+    b = collate(feats, pad_id=0)
+    assert b["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert b["labels"].tolist() == [[1, 2, 3], [4, -100, -100]]
+    assert b["label"].tolist() == [1, 0] and "_meta" not in b
+
+
+def test_collate_pads_multi_sequence_examples_and_counts_them():
+    feats = [{"input_ids": [[1, 2], [3]]}, {"input_ids": [[4, 5, 6], [7], [8]]}]
+    b = collate(feats, pad_id=9)
+    assert b["input_ids"].tolist() == [[[1, 2, 9], [3, 9, 9], [9, 9, 9]], [[4, 5, 6], [7, 9, 9], [8, 9, 9]]]
+    assert b["attention_mask"][0].tolist() == [[1, 1, 0], [1, 0, 0], [1, 0, 0]]
+    assert b["n_seqs"].tolist() == [2, 3]
