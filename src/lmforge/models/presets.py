@@ -42,6 +42,8 @@ preset("gpt2-774m", F.GPT2, d_model=1280, n_layers=36, n_heads=20, d_ff=5120, **
 # Small sizes for CPU runs: `gpt-tiny` for tests, `gpt-mini` for the README demo.
 preset("gpt-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 preset("gpt-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=256)
+# Single-GPU study size (~30M parameters with a 16k vocabulary), paired with `roberta-small`.
+preset("gpt-small", F.GPT2, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512)
 
 # Llama-style sizes of the GaLore paper (Zhao et al. 2024, Table 2 / its configs): 32k vocab, 1024 context.
 _LLAMA = dict(vocab_size=32000, max_seq_len=1024, rope_base=10000.0, init_std=0.02)
@@ -75,6 +77,7 @@ preset("bert-tiny", F.BERT, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d
 # RoBERTa (Liu et al. 2019): BERT-base layers, 50,265 byte-level BPE, 512 positions (+2 offset rows).
 preset("roberta-base", F.ROBERTA, vocab_size=50265, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512)
 preset("roberta-tiny", F.ROBERTA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+preset("roberta-small", F.ROBERTA, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512)
 
 # ALBERT (Lan et al. 2020 Table 1): base = E 128, H 768, 12 shared layers, 30k SentencePiece vocab.
 preset(

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Does pretraining help? (GPT-1 Table 5 style) — pretrain a small GPT and a small RoBERTa-style encoder on a real
+# corpus, then fine-tune each on the sentiment set and on Bible paraphrase pairs, against the same architectures
+# from random init, and GPT without the auxiliary LM loss (λ = 0). One GPU, ~8 minutes.
+#
+# Inputs (built on a machine with registry access; see the closing note of the fine-tuning issue):
+#   CORPUS  dir of *.jsonl(.xz) documents    TOK  tokenizer dir (byte-level BPE, bart specials)
+#   PARA    labelled dir (train/dev/test.jsonl + meta.json) of paraphrase pairs
+# Output: one JSON line per fine-tuning run in $OUT/study.jsonl, pretraining metrics in $OUT/*_pretrain.jsonl.
+set -euo pipefail
+CORPUS=${CORPUS:-.cache/gpu/corpus} TOK=${TOK:-.cache/gpu/tok} PARA=${PARA:-.cache/gpu/para}
+OUT=${OUT:-runs/study} STEPS=${STEPS:-1600} B=${B:-64} SEQ=${SEQ:-512} W=${W:-/tmp/study}
+read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
+mkdir -p "$OUT" "$W"
+lm() { python -m lmforge.cli "$@"; }
+
+lm data prepare "$CORPUS" --out "$W/data" --tokenizer "$TOK" --val-fraction 0.01
+common=(--data.tokenizer="$TOK" --data.prepared="$W/data" --model.vocab_size=16384 --train.seq_len="$SEQ"
+        --train.batch_size="$B" --train.max_steps="$STEPS" --train.warmup_steps=100 --train.eval_every=400
+        --train.eval_batches=20 --train.save_every="$STEPS" --train.log_every=100 ${COMPILE:---train.compile})
+lm pretrain gpt --run.dir="$W/gpt" --model.preset=gpt-small --train.lr=6e-4 "${common[@]}" | tail -3
+lm pretrain roberta --run.dir="$W/bert" --model.preset=roberta-small --train.lr=6e-4 "${common[@]}" | tail -3
+cp "$W/gpt/metrics.jsonl" "$OUT/gpt_pretrain.jsonl"; cp "$W/bert/metrics.jsonl" "$OUT/bert_pretrain.jsonl"
+
+ft() {  # name recipe init data-overrides... ; records eval.json (dev) and eval_test.json
+  local name=$1 recipe=$2 init=$3; shift 3
+  lm finetune "$recipe" --init "$init" --run.dir="$W/ft-$name" --model.tokenizer="$TOK" --train.lr=1e-4 \
+    --train.epochs=3 "${FT_EXTRA[@]}" "$@" > "$W/ft-$name.log" 2>&1 || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
+  python - "$name" "$W/ft-$name" >> "$OUT/study.jsonl" <<'PY'
+import json, sys, pathlib
+name, run = sys.argv[1], pathlib.Path(sys.argv[2])
+test = run / "eval_test.json"
+print(json.dumps({"run": name, "dev": json.loads((run / "eval.json").read_text()),
+                  "test": json.loads(test.read_text()) if test.exists() else None}))
+PY
+  tail -1 "$OUT/study.jsonl"
+}
+para=(--data.source=dir --data.dir="$PARA" --data.max_train=10000)
+for task in sentiment paraphrase; do
+  for init in pretrained scratch; do
+    g=$W/gpt b=$W/bert
+    [ $init = scratch ] && g=none b=none
+    if [ $task = sentiment ]; then
+      ft "gpt-$task-$init" sst2-gpt "$g" --model.preset=gpt-small
+      ft "bert-$task-$init" sst2-bert "$b" --model.preset=roberta-small --task.format=bert
+    else
+      ft "gpt-$task-$init" glue-mrpc "$g" --model.preset=gpt-small "${para[@]}"
+      ft "bert-$task-$init" glue-mrpc "$b" --model.preset=roberta-small "${para[@]}"
+    fi
+  done
+done
+ft gpt-sentiment-pretrained-lambda0 sst2-gpt "$W/gpt" --task.lm_coef=0
+ft gpt-paraphrase-pretrained-lambda0 glue-mrpc "$W/gpt" --task.lm_coef=0 "${para[@]}"
