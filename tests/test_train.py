@@ -1,4 +1,5 @@
-"""Training end to end: the CLI in a subprocess, exact resume, DDP equivalence, one-line errors for bad input."""
+"""Training end to end: the CLI in a subprocess, exact resume, DDP equivalence (bad input and crash recovery:
+test_reliability_*.py)."""
 
 import json
 import os
@@ -93,20 +94,6 @@ def test_resume_continues_exactly(prepared, tmp_path):
     assert a == b  # steps 7-12 recomputed after the restart give the same losses: same data, no replay
 
 
-def test_resume_refuses_a_changed_model(prepared, tmp_path):
-    tok, data = prepared
-    common = [f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY, "--model.vocab_size=512"]
-    run = f"--run.dir={tmp_path / 'run'}"
-    assert run_cli("pretrain", "gpt", run, "--train.max_steps=2", *common, cwd=tmp_path).returncode == 0
-    res = run_cli(
-        "pretrain", "gpt", run, "--train.max_steps=4", "--resume", "--model.d_model=32", *common, cwd=tmp_path
-    )
-    assert res.returncode == 2
-    assert res.stderr.strip() == "error: cannot resume: model.d_model changed since the checkpoint (64 → 32)"
-    again = run_cli("pretrain", "gpt", run, "--train.max_steps=4", *common, cwd=tmp_path)
-    assert again.returncode == 2 and "already has checkpoints: pass --resume" in again.stderr
-
-
 def test_two_process_ddp_equals_one_process_with_double_batch(prepared, tmp_path):
     tok, data = prepared
     common = [f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY[:1], "--train.seq_len=64"]
@@ -123,35 +110,3 @@ def test_two_process_ddp_equals_one_process_with_double_batch(prepared, tmp_path
     b = [r["loss"] for r in metrics(tmp_path / "two") if "loss" in r]
     assert len(a) == len(b) == 4
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
-
-
-@pytest.mark.parametrize(
-    "case, expected",
-    [
-        ("missing", "error: corpus path not found: {tmp}/nope.txt"),
-        ("unknown_key", "error: unknown config key 'train.lrr' — did you mean 'train.lr'?"),
-        ("bad_type", "error: train.lr: expected a number, got 'fast'"),
-        ("vocab", "error: tokenizer has 512 tokens but model.vocab_size is 300"),
-        ("empty", "error: {tmp}/empty.txt: empty file (no documents)"),
-        ("binary", "error: {tmp}/blob.txt: binary file (contains NUL bytes; text must be UTF-8)"),
-    ],
-)
-def test_bad_input_gives_one_line_and_nonzero_exit(case, expected, prepared, tmp_path):
-    tok, data = prepared
-    run = f"--run.dir={tmp_path / 'run'}"
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 20)
-    args = {
-        "missing": [f"--data.inputs=[{tmp_path / 'nope.txt'}]"],
-        "unknown_key": ["--train.lrr=1e-3"],
-        "bad_type": ["--train.lr=fast"],
-        "vocab": [f"--data.tokenizer={tok}", f"--data.prepared={data}", "--model.vocab_size=300"],
-        "empty": [f"--data.inputs=[{tmp_path / 'empty.txt'}]"],
-        "binary": [f"--data.inputs=[{tmp_path / 'blob.txt'}]"],
-    }[case]
-    res = run_cli("pretrain", "gpt", run, *TINY, *args, cwd=tmp_path)
-    assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith(expected.format(tmp=tmp_path)), lines[0]
-    assert "Traceback" not in res.stderr

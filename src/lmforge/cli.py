@@ -58,6 +58,26 @@ def _eval(args: argparse.Namespace) -> None:
     cmd_eval(str(args.path), args.task, args.overrides, args.out, args.split)
 
 
+def _align(args: argparse.Namespace) -> None:
+    from lmforge.align import cli as a
+
+    if args.sub == "best-of-n":
+        a.cmd_best_of_n(args.policy, args.reward_model, args.prompt, args.n, args.max_new_tokens, args.temperature)
+    elif args.sub == "data":
+        a.cmd_align_data(args.kind, args.out, args.source)
+    else:
+        {"sft": a.cmd_sft, "reward": a.cmd_reward, "dpo": a.cmd_dpo}[args.sub](args.recipe, args.init, args.overrides)
+
+
+def _compress(args: argparse.Namespace) -> None:
+    from lmforge.compress import cli as c
+
+    if args.sub == "report":
+        c.cmd_compress_report(args.recipe, args.teacher, args.overrides)
+    else:
+        c.cmd_quantize(args.path, threads=args.threads)
+
+
 def _generate(args: argparse.Namespace) -> None:
     import torch
 
@@ -73,7 +93,7 @@ def _generate(args: argparse.Namespace) -> None:
         out = generate_text(
             model, tok, [prompt], max_new_tokens=args.max_new_tokens, temperature=temperature,
             top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams, length_penalty=args.length_penalty,
-            generator=gen,
+            generator=gen, overlong=args.overlong,
         )[0]  # fmt: skip
         print(prompt + out)
 
@@ -149,6 +169,40 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", help="dataset split to evaluate (default: dev, or each recipe's)")
     ev.set_defaults(fn=_eval)
 
+    al = sub.add_parser("align", help="instruction tuning, reward model, DPO, best-of-n").add_subparsers(
+        dest="sub", required=True
+    )
+    for name, what in [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO")]:
+        ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align")
+        ap.add_argument("recipe", nargs="?")
+        ap.add_argument("--init", help="pretrained (or SFT) run/checkpoint dir")
+        ap.set_defaults(fn=_align)
+    bo = al.add_parser("best-of-n", help="sample n answers and keep the reward model's favourite")
+    bo.add_argument("policy")
+    bo.add_argument("reward_model")
+    bo.add_argument("--prompt", action="append", required=True)
+    bo.add_argument("--n", type=int, default=4)
+    bo.add_argument("--max-new-tokens", type=int, default=32)
+    bo.add_argument("--temperature", type=float, default=1.0)
+    bo.set_defaults(fn=_align)
+    ad = al.add_parser("data", help="write an instruction or preference set built from project data")
+    ad.add_argument("kind", choices=["instructions", "preferences"])
+    ad.add_argument("--out", required=True)
+    ad.add_argument("--source", action="append", help="sentiment, debian (instructions); sentiment, continuation")
+    ad.set_defaults(fn=_align)
+
+    co = sub.add_parser("compress", help="distillation, int8 quantisation, pruning").add_subparsers(
+        dest="sub", required=True
+    )
+    cr = co.add_parser("report", help="distil/quantise/prune a fine-tuned teacher and tabulate size, latency, accuracy")
+    cr.add_argument("recipe", nargs="?")
+    cr.add_argument("--teacher", help="fine-tuned run dir (default: the recipe's)")
+    cr.set_defaults(fn=_compress)
+    cq = co.add_parser("quantize", help="int8 dynamic quantisation of a checkpoint: size and CPU latency")
+    cq.add_argument("path")
+    cq.add_argument("--threads", type=int, default=1)
+    cq.set_defaults(fn=_compress)
+
     g = sub.add_parser("generate", help="generate text from a run dir or checkpoint dir")
     g.add_argument("checkpoint", type=Path)
     g.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
@@ -159,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--greedy", action="store_true")
     g.add_argument("--num-beams", type=int, default=1, help="beam search when > 1 (deterministic)")
     g.add_argument("--length-penalty", type=float, default=1.0)
+    g.add_argument("--overlong", choices=["error", "truncate"], default="error", help="prompts past max_seq_len")
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(fn=_generate)
 
@@ -219,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
-    if args.command in ("pretrain", "finetune", "eval"):
+    if args.command in ("pretrain", "finetune", "eval") or (args.command, getattr(args, "sub", None)) in (
+        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"),
+    ):  # fmt: skip
         args.overrides = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

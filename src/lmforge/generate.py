@@ -6,12 +6,18 @@ next-token logits, `step(tokens)` to feed one token per row, `select(index)` to 
 
 from __future__ import annotations
 
+import sys
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 from lmforge.beam import beam_search
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
+
+Overlong = Literal["error", "truncate"]
+"""What generation does with a prompt longer than the model's max_seq_len."""
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
@@ -259,20 +265,18 @@ def generate(
     return steps.output(new)
 
 
-def generate_text(model: Transformer, tokenizer, prompts: list[str], **kw) -> list[str]:
+def generate_text(
+    model: Transformer, tokenizer, prompts: list[str], *, overlong: Overlong = "error", **kw
+) -> list[str]:
     """Encode prompts, generate, and decode only the generated tokens (keywords as for `generate`).
 
     Decoder prompts are left-padded. Encoder-decoder sources are right-padded and framed as HF's T5/BART
-    tokenizers do: BOS (when the tokenizer has one) + text + EOS."""
+    tokenizers do: BOS (when the tokenizer has one) + text + EOS. A prompt longer than the model's max_seq_len
+    raises (overlong="error") or is cut with a warning on stderr (overlong="truncate"; see `fit_prompt`)."""
     device = next(model.parameters()).device
     seq2seq = model.config.arch == "encoder-decoder"
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
-    if seq2seq:
-        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
-        eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
-        ids = [bos + tokenizer.encode(p) + eos or [pad] for p in prompts]
-    else:
-        ids = [tokenizer.encode(p) or [pad if tokenizer.eos_id is None else tokenizer.eos_id] for p in prompts]
+    ids = _prompt_ids(model.config, tokenizer, prompts, overlong, kw.get("max_new_tokens", 50), pad)
     T = max(len(x) for x in ids)
     if seq2seq:  # right padding
         input_ids = torch.tensor([x + [pad] * (T - len(x)) for x in ids], device=device)
@@ -284,3 +288,51 @@ def generate_text(model: Transformer, tokenizer, prompts: list[str], **kw) -> li
         skip = T
     out = generate(model, input_ids, mask, eos_id=tokenizer.eos_id, **kw)
     return [tokenizer.decode(row[skip:].tolist()) for row in out]
+
+
+def _prompt_ids(cfg, tokenizer, prompts: list[str], overlong: Overlong, max_new_tokens: int, pad: int) -> list:
+    """Token ids of each prompt, framed (encoder-decoder sources) and fitted to max_seq_len."""
+    out = []
+    for i, p in enumerate(prompts, start=1):
+        ids, i = tokenizer.encode(p), (i if len(prompts) > 1 else None)
+        if cfg.arch == "encoder-decoder":
+            bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+            eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+            text = fit_prompt(ids, cfg.max_seq_len, i, overlong, keep="first", reserve=len(bos) + len(eos))
+            out.append(bos + text + eos or [pad])
+        else:
+            room = max(1, cfg.max_seq_len - max_new_tokens)  # a truncated prompt leaves room for the new tokens
+            text = fit_prompt(ids, cfg.max_seq_len, i, overlong, keep="last", room=room)
+            out.append(text or [pad if tokenizer.eos_id is None else tokenizer.eos_id])
+    return out
+
+
+def fit_prompt(
+    ids: list[int],
+    max_seq_len: int,
+    number: int | None,
+    overlong: Overlong,
+    keep: Literal["first", "last"],
+    *,
+    reserve: int = 0,
+    room: int | None = None,
+) -> list[int]:
+    """A prompt's ids (prompt `number` of several, or the only one) unchanged when they fit max_seq_len with the
+    `reserve` framing tokens; otherwise an LMForgeError (overlong="error") or, with a warning on stderr, its first /
+    last tokens that fit `room` (default max_seq_len) with the framing. Decoders keep the end of a prompt (the
+    part the continuation follows) and leave room for the new tokens; encoder-decoders keep the start of a source."""
+    total = len(ids) + reserve
+    if total <= max_seq_len:
+        return ids
+    name = "prompt" if number is None else f"prompt {number}"
+    if overlong == "error":
+        raise LMForgeError(
+            f"{name} has {total} tokens, more than the model's max_seq_len {max_seq_len} "
+            "(shorten it, or truncate it: --overlong truncate)"
+        )
+    n = max(1, (room if room is not None else max_seq_len) - reserve)
+    print(
+        f"warning: {name} has {total} tokens, more than max_seq_len {max_seq_len}: kept its {keep} {n}",
+        file=sys.stderr,
+    )
+    return ids[:n] if keep == "first" else ids[-n:]

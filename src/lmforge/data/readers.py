@@ -194,19 +194,26 @@ class DocumentStream(Iterator[str]):
         data = _read_all(path)
         check_text(data, path)
         text = self._decode(data).removeprefix("\ufeff")
-        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=TABLE_SUFFIXES[_split_name(path)[0]])
+        # strict: a stray quote is an error, not a field that silently swallows the rest of the file.
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=TABLE_SUFFIXES[_split_name(path)[0]], strict=True)
+        line = 1  # where the record being read starts
         try:
-            if reader.fieldnames is None:
+            header = next(reader, None)
+            if header is None:
                 return
-            if self.text_field not in reader.fieldnames:
-                cols = ", ".join(reader.fieldnames[:8])
-                raise LMForgeError(f"{path}: no column '{self.text_field}' (columns: {cols})")
-            for row in reader:
-                value = row[self.text_field]
+            if self.text_field not in header:
+                raise LMForgeError(f"{path}: no column '{self.text_field}' (columns: {', '.join(header[:8])})")
+            col = header.index(self.text_field)
+            while True:
+                line = reader.line_num + 1
+                row = next(reader, None)
+                if row is None:
+                    return
+                value = row[col] if col < len(row) else None
                 if value and value.strip():
                     yield value
         except csv.Error as e:
-            raise LMForgeError(f"{path}:{reader.line_num}: malformed CSV ({e})") from None
+            raise LMForgeError(f"{path}:{line}: malformed CSV ({e})") from None
 
     def _parquet(self, path: Path) -> Iterator[str]:
         import pyarrow as pa

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,9 @@ class TaskOptions:
     """Input transformation: gpt, bert, encoder_mean, bart, or auto (by the model's arch; see tasks/inputs.py)."""
     max_len: int = 128
     """Longest model input in tokens; longer texts are truncated (longest first)."""
+    overlong: Literal["error", "truncate"] = "truncate"
+    """An input longer than max_len: cut it (the run warns how many training examples were cut) or stop with an
+    error naming the example. (Span QA cuts long contexts into overlapping windows instead.)"""
     head_dropout: float = 0.1
     lm_coef: float = 0.5
     """GPT-1 §3.3 auxiliary LM objective: L3 = L2 + lm_coef·L1 over the task inputs ("gpt" format only;
@@ -46,6 +49,8 @@ class Task:
     def __init__(self, options: Any, tokenizer, labels: list[str] | None = None) -> None:
         self.options, self.tokenizer = options, tokenizer
         self.labels = labels
+        self.n_truncated = 0
+        """Examples whose input was cut to max_len so far (task.overlong=truncate)."""
         if self.needs_labels and not labels:
             raise LMForgeError(f"task '{self.name}' needs a label set, but the data has none")
         self.fmt: str | None = None
@@ -112,6 +117,18 @@ class Task:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
+
+    def check_length(self, n_tokens: int, budget: int, where: str) -> bool:
+        """Whether an input whose texts have n_tokens must be cut to fit budget (task.overlong=truncate; the caller
+        cuts it and counts the example in n_truncated); with task.overlong=error such an input is refused."""
+        if n_tokens <= budget:
+            return False
+        if getattr(self.options, "overlong", "truncate") == "error":
+            raise LMForgeError(
+                f"{where}: its text has {n_tokens} tokens, more than the {budget} that task.max_len={self.max_len} "
+                "leaves (raise task.max_len, or set task.overlong=truncate to cut it)"
+            )
+        return True
 
     # --- training and evaluation ----------------------------------------------------------------------------
 

@@ -83,12 +83,15 @@ class Seq2Seq(Task):
     def eos(self) -> list[int]:
         return [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
 
-    def source_ids(self, ex: Example, budget: int) -> list[int]:
+    def source_ids(self, ex: Example, budget: int, where: str | None = None) -> list[int]:
+        ids = self.encode(render(self.options.template, ex))
         if self.arch == "decoder":
-            return fit(self.encode(render(self.options.template, ex)), budget, self._tail)
+            self.n_truncated += self.check_length(len(ids), budget, where or f"example {ex.id}")
+            return fit(ids, budget, self._tail)
         bos = [self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else []
-        body = fit(self.encode(render(self.options.template, ex)), budget - len(bos) - len(self.eos), self._tail)
-        return bos + body + self.eos
+        budget -= len(bos) + len(self.eos)
+        self.n_truncated += self.check_length(len(ids), budget, where or f"example {ex.id}")
+        return bos + fit(ids, budget, self._tail) + self.eos
 
     def target_text(self, ex: Example, where: str) -> str:
         if ex.target is None:
@@ -112,7 +115,7 @@ class Seq2Seq(Task):
             where = f"{dataset.source or 'data'} example {ex.id or i}"
             tgt = self.target_ids(self.target_text(ex, where)) if (train or ex.target is not None) else self.eos
             budget = self.max_len - (len(tgt) if self.arch == "decoder" else 0)
-            src = self.source_ids(ex, budget)
+            src = self.source_ids(ex, budget, where)
             feats.append({**self.pair_feature(src, tgt), "_prompt": src})
         return feats
 

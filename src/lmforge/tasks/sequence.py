@@ -46,6 +46,10 @@ class SequenceTask(Task):
         ids = dict(zip(texts, self.tokenizer.encode_batch(texts)))
         feats = []
         for i, (ex, pairs) in enumerate(zip(dataset.examples, seqs)):
+            where = f"{dataset.source or 'data'} example {ex.id or i}"
+            lengths = [(len(ids[a]) + (len(ids[b]) if b is not None else 0), b is not None) for a, b in pairs]
+            cut = [self.check_length(n, self.max_len - self.framer.n_special(pair), where) for n, pair in lengths]
+            self.n_truncated += any(cut)
             framed = [self.framer.frame(ids[a], ids[b] if b is not None else None, self.max_len) for a, b in pairs]
             f: dict = {"input_ids": [x for x, _ in framed], "token_type_ids": [t for _, t in framed]}
             if ex.label is not None:

@@ -85,6 +85,7 @@ class TokenTagging(Task):
         words = ex.tokens or []
         enc = self.tokenizer.backend.encode(" ".join(words), add_special_tokens=False)
         budget = self.max_len - self.framer.n_special(pair=False)
+        self.n_truncated += self.check_length(len(enc.ids), budget, f"{where} example {ex.id or i}")
         ids = enc.ids[:budget]
         first = [t if t < len(ids) else -1 for t in first_subtokens(words, enc.offsets)]
         input_ids, types = self.framer.frame(ids)

@@ -57,7 +57,9 @@ class TextToText(Seq2Seq):
         # Evaluation: the source only; predict() pairs it with every label word.
         longest = max(len(self.target_ids(w)) for w in self.words)
         budget = self.max_len - (longest if self.arch == "decoder" else 0)
-        return [{"input_ids": (src := self.source_ids(ex, budget)), "_prompt": src} for ex in dataset.examples]
+        where = dataset.source or "data"
+        return [{"input_ids": (src := self.source_ids(ex, budget, f"{where} example {ex.id or i}")), "_prompt": src}
+                for i, ex in enumerate(dataset.examples)]  # fmt: skip
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         if self.options.scoring == "generate":

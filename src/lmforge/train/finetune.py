@@ -77,6 +77,13 @@ class FineTuner:
             if Path(cfg.model.init).exists():
                 self.weights = AdapterWeights(self.model, task_token_rows(self.tokenizer))
         self.train_features = self.task.features(self.splits["train"], train=True)
+        if self.task.n_truncated:
+            print(
+                f"warning: {self.task.n_truncated} of {len(self.splits['train'].examples)} training examples are "
+                f"longer than task.max_len={self.task.max_len} tokens and were truncated (task.overlong=error "
+                "refuses them instead)",
+                file=sys.stderr,
+            )
         if not self.train_features:
             raise LMForgeError("no training features: every training example was skipped")
         per_epoch = math.ceil(len(self.train_features) / t.batch_size)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -67,22 +70,38 @@ def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
         texts = _training_texts(_input_paths(cfg))
         family = cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
         tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family)
-        tok.save(tok_dir)
+        _save_atomically(tok, tok_dir)
     barrier(dist)
     return Tokenizer.load(tok_dir)
+
+
+def _save_atomically(tokenizer, directory: Path) -> None:
+    """Write the tokenizer to a scratch dir renamed into place: a run killed mid-save leaves no torn files."""
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tokenizer.save(tmp)
+        shutil.rmtree(directory, ignore_errors=True)  # an earlier attempt's incomplete dir
+        os.replace(tmp, directory)
+    except OSError as e:
+        raise LMForgeError(f"could not save the tokenizer to {directory}: {e.strerror or e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0)."""
     from lmforge.data import prepare
 
+    prepared_here = False
     if cfg.data.prepared:
         data_dir = Path(cfg.data.prepared)
         if not (data_dir / "meta.json").is_file():
             raise LMForgeError(f"data.prepared: {data_dir} is not a prepared data dir (no meta.json)")
     else:
         data_dir = run_dir / "data"
-        if dist.is_main and not (data_dir / "meta.json").is_file():
+        prepared_here = not (data_dir / "meta.json").is_file()
+        if dist.is_main and prepared_here:
             prepare(
                 _input_paths(cfg),
                 data_dir,
@@ -93,6 +112,11 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
             )
         barrier(dist)
     meta = json.loads((data_dir / "meta.json").read_text())
+    if prepared_here and meta.get("replaced_bytes") and dist.is_main:
+        print(
+            f"warning: {meta['replaced_bytes']} bytes of the input are not valid UTF-8 and were replaced with U+FFFD",
+            file=sys.stderr,
+        )
     if meta.get("vocab_size", 0) > tokenizer.vocab_size:
         raise LMForgeError(
             f"prepared data in {data_dir} was tokenized with {meta['vocab_size']} tokens, "

@@ -1,0 +1,98 @@
+"""Command functions of `lmforge align ...` (argparse wiring lives in cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+
+
+def _run(method: str, recipe: str | None, init: str | None, overrides: list[str]) -> dict[str, float]:
+    from lmforge.align.config import load_align_config
+    from lmforge.align.run import run_align
+
+    cfg = load_align_config(recipe, list(overrides or []), init=init)
+    if cfg.method != method:
+        raise LMForgeError(f"recipe {recipe} is a '{cfg.method}' recipe, not '{method}'")
+    print(f"{method}: {cfg.model.init} on {cfg.data.train or ', '.join(cfg.data.sources)}, {cfg.train.max_steps} steps")
+    final = run_align(cfg)
+    print("dev: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    print(f"run saved in {cfg.run.dir}")
+    return final
+
+
+def cmd_sft(recipe: str | None, init: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+    """Instruction-tune `init` (default recipe: sft-sentiment); prints and returns the dev metrics."""
+    return _run("sft", recipe or "sft-sentiment", init, overrides or [])
+
+
+def cmd_reward(recipe: str | None, init: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+    """Train a reward model on preference pairs (default recipe: reward-continuation)."""
+    return _run("reward", recipe or "reward-continuation", init, overrides or [])
+
+
+def cmd_dpo(recipe: str | None, init: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+    """DPO-tune `init` (usually an SFT run) on preference pairs (default recipe: dpo-continuation)."""
+    return _run("dpo", recipe or "dpo-continuation", init, overrides or [])
+
+
+def _template_of(run: str) -> str:
+    from lmforge.train import checkpoint as ckpt
+
+    raw = ckpt.read_config(ckpt.latest_checkpoint(Path(run)))
+    return ((raw.get("align") or {}).get("model") or {}).get("template", "chat")
+
+
+def cmd_best_of_n(
+    policy: str, reward_model: str, prompts: list[str], n: int = 4, max_new_tokens: int = 32,
+    temperature: float = 1.0, seed: int = 0,
+) -> list:  # fmt: skip
+    """Sample n responses per prompt (an instruction) from the policy run, print the one the reward model run
+    scores highest with every candidate's reward; returns the BestOfN results."""
+    import torch
+
+    from lmforge.align.reward import best_of_n
+    from lmforge.align.run import load_reward_model
+    from lmforge.align.templates import Conversation, get_template
+    from lmforge.api import load
+
+    model, tok = load(policy)
+    if tok is None:
+        raise LMForgeError(f"{policy} has no tokenizer")
+    rm, rm_tok = load_reward_model(reward_model)
+    if rm_tok.vocab_size != tok.vocab_size:
+        raise LMForgeError("the policy and the reward model use different tokenizers")
+    template = get_template(_template_of(policy), tok)
+    gen = torch.Generator().manual_seed(seed)
+    results = []
+    for p in prompts:
+        res = best_of_n(
+            model, rm, template, Conversation.instruction(p, None), n, max_new_tokens=max_new_tokens,
+            temperature=temperature, generator=gen,
+        )  # fmt: skip
+        print(f"--- prompt: {p}")
+        for text, r in sorted(zip(res.candidates, res.rewards), key=lambda x: -x[1]):
+            print(f"{'*' if text == res.best else ' '} {r:+.3f}  {text}")
+        results.append(res)
+    return results
+
+
+def cmd_align_data(
+    kind: str, out: str, sources: list[str] | None = None, max_train: int | None = 2000, max_eval: int | None = 200
+) -> dict[str, int]:
+    """Write an instruction set (kind "instructions": sources sentiment, debian) or a preference set ("preferences":
+    source sentiment or continuation) as train/dev/test.jsonl under `out`; returns the record counts."""
+    from lmforge.align.datasets import write_instruction_set, write_preference_set
+
+    limits = {"train": max_train, "dev": max_eval, "test": max_eval}
+    if kind == "instructions":
+        counts = write_instruction_set(out, sources or ["sentiment"], limits)
+    elif kind == "preferences":
+        src = sources or ["continuation"]
+        if len(src) != 1:
+            raise LMForgeError("a preference set is built from one source")
+        counts = write_preference_set(out, src[0], limits)
+    else:
+        raise LMForgeError(f"unknown data kind '{kind}' (instructions or preferences)")
+    print(f"{kind} written to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return counts

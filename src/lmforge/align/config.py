@@ -1,0 +1,139 @@
+"""Alignment run configuration (SFT, reward model, DPO): typed sections loaded from YAML recipes in
+`recipes/align/` with dotted CLI overrides, validated by `lmforge.config`'s helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from lmforge.align.train import LoopConfig
+from lmforge.config import _all_keys, _build, _merge, parse_overrides, read_yaml, resolve_recipe
+from lmforge.errors import LMForgeError
+
+Method = Literal["sft", "reward", "dpo"]
+
+
+@dataclass
+class AlignRunConfig:
+    dir: str = "runs/align"
+    """Run directory: config.yaml, metrics.jsonl, eval.json, checkpoints/step_N."""
+    seed: int = 0
+
+
+@dataclass
+class AlignModelConfig:
+    init: str = "gpt-tiny"
+    """The starting model: an lmforge run / checkpoint dir (e.g. an SFT run for DPO and reward models), a Hugging
+    Face model dir, or a decoder preset name (random init)."""
+    tokenizer: str | None = None
+    """Tokenizer dir/file for a preset init (None = train one on the run's texts) or when `init` has none."""
+    vocab_size: int = 2048
+    """Vocabulary of a tokenizer trained for a preset init."""
+    template: Literal["alpaca", "chat"] = "chat"
+    """How conversations become tokens (align/templates.py)."""
+    role_tokens: bool = True
+    """Chat template: add <|system|>, <|user|>, <|assistant|> as special tokens (the embedding table grows)."""
+    max_len: int = 256
+    """Longest training sequence in tokens; longer prompts are shortened first."""
+
+
+@dataclass
+class AlignDataConfig:
+    sources: list[str] = field(default_factory=lambda: ["sentiment"])
+    """Built-in sets (align/datasets.py): instruction sources sentiment, debian (SFT); preference sources
+    sentiment, continuation (reward, DPO: the first one)."""
+    train: str | None = None
+    """A JSON-lines file to train on instead of `sources` (instruction records for SFT, preference pairs else)."""
+    dev: str | None = None
+    """A JSON-lines dev file (None: the sources' dev split, or 10% held out of `train`)."""
+    max_train: int | None = 2000
+    """Training records per source (None = all)."""
+    max_eval: int | None = 200
+    negatives: Literal["other_document", "other_author"] = "other_document"
+    """continuation pairs: where the rejected continuation comes from."""
+    prompts_from: Literal["austen", "shakespeare"] | None = None
+    """continuation pairs: keep the prompts of one author only."""
+    prompt_words: int = 48
+    response_words: int = 16
+
+
+@dataclass
+class SFTOptions:
+    pack: bool = False
+    """Pack several examples per sequence (document-masked attention, positions restart per example)."""
+    pack_len: int = 512
+    """Tokens per packed sequence; `train.batch_size` examples are packed into as few rows as fit."""
+
+
+@dataclass
+class DPOOptions:
+    beta: float = 0.1
+    """DPO's β: strength of the implicit KL constraint to the reference (Rafailov et al. 2023 §4)."""
+    label_smoothing: float = 0.0
+    """Conservative DPO: the probability that a preference label is flipped (0 = plain DPO)."""
+    reference: str | None = None
+    """The frozen reference model's run/checkpoint dir (None = a frozen copy of model.init)."""
+
+
+@dataclass
+class AlignConfig:
+    method: Method = "sft"
+    run: AlignRunConfig = field(default_factory=AlignRunConfig)
+    model: AlignModelConfig = field(default_factory=AlignModelConfig)
+    data: AlignDataConfig = field(default_factory=AlignDataConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    sft: SFTOptions = field(default_factory=SFTOptions)
+    dpo: DPOOptions = field(default_factory=DPOOptions)
+
+
+def build_align_config(raw: dict) -> AlignConfig:
+    cfg = _build(AlignConfig, raw, "", _all_keys(AlignConfig))
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: AlignConfig) -> None:
+    t = cfg.train
+    for name in ("max_steps", "batch_size", "eval_every", "log_every"):
+        if getattr(t, name) <= 0:
+            raise LMForgeError(f"train.{name} must be positive, got {getattr(t, name)}")
+    if t.lr <= 0:
+        raise LMForgeError(f"train.lr must be positive, got {t.lr}")
+    if cfg.model.max_len < 8:
+        raise LMForgeError(f"model.max_len must be at least 8, got {cfg.model.max_len}")
+    if cfg.sft.pack and cfg.sft.pack_len < cfg.model.max_len:
+        raise LMForgeError(f"sft.pack_len ({cfg.sft.pack_len}) must be >= model.max_len ({cfg.model.max_len})")
+    if cfg.dpo.beta <= 0:
+        raise LMForgeError(f"dpo.beta must be positive, got {cfg.dpo.beta}")
+    if not 0 <= cfg.dpo.label_smoothing < 0.5:
+        raise LMForgeError(f"dpo.label_smoothing must be in [0, 0.5), got {cfg.dpo.label_smoothing}")
+    if not cfg.data.sources and cfg.data.train is None:
+        raise LMForgeError("data: give data.sources or a data.train file")
+
+
+def load_align_config(
+    recipe: str | Path | None = None, overrides: list[str] | dict | None = None, init: str | None = None
+) -> AlignConfig:
+    """Recipe (path or bundled name in recipes/align/) + dotted overrides (+ `--init`) → AlignConfig."""
+    raw: dict = {}
+    path = resolve_recipe(str(recipe), kind="align") if recipe is not None else None
+    if path is not None:
+        raw = read_yaml(path)
+    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    raw = _merge(raw, over)
+    if init is not None:
+        raw = _merge(raw, {"model": {"init": init}})
+    return build_align_config(raw)
+
+
+def align_to_dict(cfg: AlignConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_align_config(cfg: AlignConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(align_to_dict(cfg), sort_keys=False), encoding="utf-8")

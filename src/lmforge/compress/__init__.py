@@ -1,0 +1,35 @@
+"""Compression: knowledge distillation, int8 dynamic quantisation, magnitude and head pruning, and the report."""
+
+from lmforge.compress.distill import (
+    DistillWeights,
+    distillation_loss,
+    hidden_state_loss,
+    init_student_from_teacher,
+    soft_target_loss,
+)
+from lmforge.compress.prune import (
+    head_importance,
+    least_important_heads,
+    magnitude_prune,
+    make_permanent,
+    mask_heads,
+    remove_heads,
+    weight_sparsity,
+)
+from lmforge.compress.quantize import quantize_int8
+
+__all__ = [
+    "DistillWeights",
+    "distillation_loss",
+    "head_importance",
+    "hidden_state_loss",
+    "init_student_from_teacher",
+    "least_important_heads",
+    "magnitude_prune",
+    "make_permanent",
+    "mask_heads",
+    "quantize_int8",
+    "remove_heads",
+    "soft_target_loss",
+    "weight_sparsity",
+]

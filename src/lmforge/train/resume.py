@@ -1,0 +1,50 @@
+"""Which checkpoint a run resumes from, and what may not change across a resume."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+from lmforge.train import checkpoint as ckpt
+
+FROZEN_ON_RESUME = ("model", "data", "objective")
+"""Config sections that must not change when a run resumes (train.* may: e.g. a longer max_steps)."""
+
+
+def resume_checkpoint(run_dir: Path, config: dict, resume: bool, is_main: bool = True) -> Path | None:
+    """The checkpoint to resume from (the newest that verifies), or None to start at step 0.
+
+    Without `resume`, a run dir that already has checkpoints is refused. With it, a run dir without any checkpoint
+    yet starts at step 0 (so a job can always be launched with `--resume`), and a checkpoint whose frozen config
+    sections differ from `config` is refused. Unfinished saves (`.tmp-step_*` dirs of dead processes) are removed.
+    """
+    run_dir = Path(run_dir)
+    root = run_dir / ckpt.CHECKPOINTS_DIR
+    if is_main and root.is_dir():
+        ckpt._remove_stale_scratch(root)
+    found = ckpt.list_checkpoints(run_dir)
+    if not resume:
+        if found:
+            raise LMForgeError(
+                f"run dir {run_dir} already has checkpoints: pass --resume to continue it, or choose another --run.dir"
+            )
+        return None
+    if not found:
+        if is_main:
+            print(f"warning: --resume: no checkpoint in {run_dir} yet, starting at step 0", file=sys.stderr)
+        return None
+    chosen = ckpt.latest_checkpoint(run_dir)
+    check_frozen(ckpt.read_config(chosen), config)
+    return chosen
+
+
+def check_frozen(old: dict, new: dict) -> None:
+    """Raise when a frozen section's key differs between a checkpoint's config `old` and the run's `new`."""
+    for section in FROZEN_ON_RESUME:
+        for key, value in new[section].items():
+            if section == "model" and key == "vocab_size":
+                continue  # set from the run's tokenizer
+            was = (old.get(section) or {}).get(key)
+            if was != value:
+                raise LMForgeError(f"cannot resume: {section}.{key} changed since the checkpoint ({was!r} → {value!r})")

@@ -1,0 +1,444 @@
+"""One clear line for every bad input: each case runs the CLI entry point (`lmforge.cli.main`, in this process unless
+the case needs a fresh one) and asserts the exact line on stderr, a non-zero exit code, no traceback, and that the
+checkpoints of an existing run are intact. Also: non-finite losses and gradients, a full disk, overlong prompts."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmforge.cli import main
+from lmforge.data import load_default_corpus, prepare
+from lmforge.errors import LMForgeError
+from lmforge.objectives.causal_lm import CausalLM
+from lmforge.registry import OBJECTIVES
+from lmforge.tokenizers import train_tokenizer
+from lmforge.train import checkpoint as ck
+
+TINY = ["--model.preset=gpt-tiny", "--train.batch_size=4", "--train.seq_len=32", "--train.warmup_steps=2"]
+TINY += ["--train.log_every=1", "--train.eval_every=100", "--sample.prompts=[]", "--train.eval_batches=2"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("prepared")
+    docs = load_default_corpus()[:24]
+    (d / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    tok = train_tokenizer(docs, "bpe", 512, family="gpt")
+    tok.save(d / "tok")
+    prepare([d / "docs.jsonl"], d / "data", tok, val_fraction=0.1)
+    return d / "tok", d / "data"
+
+
+@pytest.fixture(autouse=True)
+def _torch_globals():
+    det, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread beats two contended ones
+    yield
+    torch.use_deterministic_algorithms(det)
+    torch.set_num_threads(threads)
+
+
+def pretrain(prepared, run: Path, *extra: str) -> list[str]:
+    tok, data = prepared
+    return ["pretrain", "gpt", f"--run.dir={run}", f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY,
+            "--model.vocab_size=512", *extra]  # fmt: skip
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def one_error_line(capsys, *args: str) -> str:
+    """Run a command that must fail: exit 2, exactly one stderr line, no traceback; return that line."""
+    rc, _, err = cli(capsys, *args)
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def last_error_line(capsys, *args: str) -> str:
+    """Like one_error_line, for commands that fail after training started (progress lines come first)."""
+    rc, _, err = cli(capsys, *args)
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert sum(line.startswith("error:") for line in err.splitlines()) == 1
+    return err.strip().splitlines()[-1]
+
+
+def fingerprint(run: Path) -> dict[str, str]:
+    """sha256 of every checkpoint file of a run."""
+    root = run / "checkpoints"
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+def train_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def rewrite_manifest(ckpt: Path) -> None:
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    for rel in manifest["files"]:
+        data = (ckpt / rel).read_bytes()
+        manifest["files"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+# --- data and config ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", "error: corpus path not found: {tmp}/nope.txt"),
+        ("empty", "error: {tmp}/empty.txt: empty file (no documents)"),
+        ("blank", "error: {tmp}/blank.txt: empty file (no documents)"),
+        ("empty_dir", "error: {tmp}/nothing: directory has no readable files ({readable})"),
+        ("binary", "error: {tmp}/blob.txt: binary file (contains NUL bytes; text must be UTF-8)"),
+        ("jsonl", "error: {tmp}/bad.jsonl:3: malformed JSON (Expecting ',' delimiter, column 14)"),
+        ("jsonl_field", "error: {tmp}/nofield.jsonl:2: no field 'text' (fields: body)"),
+        ("csv", "error: {tmp}/bad.csv:3: malformed CSV (',' expected after '\"')"),
+        ("csv_eof", "error: {tmp}/open.csv:4: malformed CSV (unexpected end of data)"),
+        ("one_doc", "error: need at least 2 documents to split into train and val, got 1"),
+        ("unknown_key", "error: unknown config key 'train.lrr' — did you mean 'train.lr'?"),
+        ("unknown_section", "error: unknown config key 'trian' — did you mean 'train.lr'?"),
+        ("bad_type", "error: train.lr: expected a number, got 'fast'"),
+        ("bad_int", "error: train.max_steps: expected an integer, got 2.5"),
+        ("bad_choice", "error: train.precision: expected one of 'auto', 'fp32', 'bf16', got 'fp8'"),
+        ("unknown_objective", "error: unknown objective 'causal' — did you mean 'causal_lm'?"),
+        ("unknown_recipe", "error: unknown recipe 'gtp' — did you mean 'gpt'?"),
+        (
+            "vocab",
+            "error: tokenizer has 512 tokens but model.vocab_size is 300: set --model.vocab_size=512 or use "
+            "a matching tokenizer",
+        ),  # fmt: skip
+        ("overlong", "error: sequence of length 32 exceeds max_seq_len 16 for learned positions"),
+    ],
+)
+def test_bad_input_gives_one_line_and_nonzero_exit(case, expected, prepared, tmp_path, capsys):
+    from lmforge.data.readers import READABLE
+
+    tok, data = prepared
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("  \n\n\t\n")
+    (tmp_path / "nothing").mkdir()
+    (tmp_path / "nothing" / "image.png").write_bytes(b"\x89PNG")
+    (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 20)
+    (tmp_path / "bad.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": "a" "b"}\n')
+    (tmp_path / "nofield.jsonl").write_text('{"text": "one"}\n{"body": "two"}\n')
+    (tmp_path / "bad.csv").write_text('text,label\n"fine",1\n"bro"ken",2\n"never read",3\n')
+    (tmp_path / "open.csv").write_text('text\nfine\n"also fine"\n"unterminated,\nand the rest\n')
+    (tmp_path / "one.txt").write_text(load_default_corpus()[0])
+    inputs = {"missing": "nope.txt", "empty": "empty.txt", "blank": "blank.txt", "empty_dir": "nothing",
+              "binary": "blob.txt", "jsonl": "bad.jsonl", "jsonl_field": "nofield.jsonl", "csv": "bad.csv",
+              "csv_eof": "open.csv", "one_doc": "one.txt"}  # fmt: skip
+    run = f"--run.dir={tmp_path / 'run'}"
+    if case in inputs:
+        args = ["pretrain", "gpt", run, *TINY, "--data.vocab_size=300", f"--data.inputs=[{tmp_path / inputs[case]}]"]
+    elif case == "unknown_recipe":
+        args = ["pretrain", "gtp", run]
+    else:
+        extra = {
+            "unknown_key": ["--train.lrr=1e-3"], "unknown_section": ["--trian.lr=1e-3"],
+            "bad_type": ["--train.lr=fast"], "bad_int": ["--train.max_steps=2.5"],
+            "bad_choice": ["--train.precision=fp8"],
+            "unknown_objective": ["--objective.name=causal"], "vocab": ["--model.vocab_size=300"],
+            "overlong": ["--model.max_seq_len=16", "--train.max_steps=1"],
+        }[case]  # fmt: skip
+        args = pretrain(prepared, tmp_path / "run", *extra)
+    line = one_error_line(capsys, *args) if case != "overlong" else last_error_line(capsys, *args)
+    assert line == expected.format(tmp=tmp_path, readable=READABLE)
+
+
+def test_non_utf8_bytes_are_replaced_and_counted_not_an_error(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, text in enumerate(load_default_corpus()[:8]):
+        (docs / f"{i}.txt").write_text(text, encoding="utf-8")
+    broken = (docs / "3.txt").read_bytes()
+    (docs / "3.txt").write_bytes(broken[:500] + b"caf\xe9 \xff\xfe" + broken[500:])  # Latin-1 é + 2 junk bytes
+    run = tmp_path / "run"
+    rc, _, err = cli(capsys, "pretrain", "gpt", f"--run.dir={run}", *TINY, f"--data.inputs=[{docs}]",
+                     "--data.vocab_size=400", "--train.max_steps=1")  # fmt: skip
+    assert rc == 0, err
+    assert "warning: 3 bytes of the input are not valid UTF-8 and were replaced with U+FFFD" in err.splitlines()
+    assert json.loads((run / "data" / "meta.json").read_text())["replaced_bytes"] == 3
+    # `lmforge data prepare` reports the same count.
+    rc, out, err = cli(capsys, "data", "prepare", str(docs), "--out", str(tmp_path / "prep"), "--tokenizer",
+                       str(run / "tokenizer"))  # fmt: skip
+    assert rc == 0, err
+    assert "  replaced non-UTF-8 bytes: 3" in out.splitlines()
+
+
+def labelled_set(root: Path, train: list[tuple[str, str]]) -> Path:
+    """A labelled-set dir (meta.json + train/dev jsonl) that `--data.source=dir` reads."""
+    root.mkdir()
+    meta = {"labels": ["neg", "pos"], "task_type": "classification", "splits": ["train", "dev"]}
+    (root / "meta.json").write_text(json.dumps(meta))
+    (root / "train.jsonl").write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in train))
+    (root / "dev.jsonl").write_text(json.dumps({"text": "a fine day", "label": "pos"}) + "\n")
+    return root
+
+
+def test_label_outside_the_label_set_names_file_and_line(tmp_path, capsys):
+    from lmforge.tasks.readers import read_table
+
+    table = tmp_path / "reviews.csv"
+    table.write_text("text,label\ngood film,positive\ndull,negative\nmeh,neutral\n")
+    with pytest.raises(LMForgeError) as e:
+        read_table(table, "text", "label", labels=["negative", "positive"])
+    assert str(e.value) == f"{table}:4: label 'neutral' is not one of 'negative', 'positive'"
+    d = labelled_set(tmp_path / "set", [("fine", "pos"), ("odd", "maybe")])
+    line = one_error_line(capsys, "finetune", "--init", "gpt-tiny", f"--run.dir={tmp_path / 'ft'}",
+                          "--data.source=dir", f"--data.dir={d}")  # fmt: skip
+    assert line == f"error: {d / 'train.jsonl'}:2: label 'maybe' is not one of 'neg', 'pos'"
+
+
+def test_overlong_finetuning_input_truncates_with_a_count_or_errors(tmp_path, capsys):
+    texts = [("a good and pleasant day " * 6, "pos"), ("bad", "neg"), ("a dull, dreary and tiresome evening " * 4,
+             "neg"), ("nice", "pos")]  # fmt: skip
+    d = labelled_set(tmp_path / "set", texts)
+    args = ["finetune", "--init", "gpt-tiny", "--data.source=dir", f"--data.dir={d}", "--model.vocab_size=280",
+            "--task.max_len=16", "--train.max_steps=1", "--train.batch_size=4"]  # fmt: skip
+    line = one_error_line(capsys, *args, f"--run.dir={tmp_path / 'strict'}", "--task.overlong=error")
+    assert line == (
+        f"error: {d / 'train.jsonl'} example 0: its text has 31 tokens, more than the 14 that task.max_len=16 leaves "
+        "(raise task.max_len, or set task.overlong=truncate to cut it)"
+    )  # GPT-1 framing: start + text + extract
+    rc, _, err = cli(capsys, *args, f"--run.dir={tmp_path / 'cut'}")
+    assert rc == 0, err
+    assert ("warning: 2 of 4 training examples are longer than task.max_len=16 tokens and were truncated "
+            "(task.overlong=error refuses them instead)") in err.splitlines()  # fmt: skip
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lmforge.cli", "pretrain", "gpt", f"--run.dir={tmp_path}", "--train.lrr=1"]
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert plain.returncode == 2
+    assert plain.stderr == "error: unknown config key 'train.lrr' — did you mean 'train.lr'?\n"
+    debug = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, env=env, timeout=300)
+    assert debug.returncode == 1
+    assert debug.stderr.startswith("Traceback (most recent call last):")
+    assert 'lmforge/config.py", line' in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == (
+        "lmforge.errors.LMForgeError: unknown config key 'train.lrr' — did you mean 'train.lr'?"
+    )
+
+
+# --- runs that exist -----------------------------------------------------------------------------------------------
+
+
+def test_resume_with_a_changed_config_is_refused_and_checkpoints_stay(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, *pretrain(prepared, run, "--train.max_steps=2"))[0] == 0
+    before = fingerprint(run)
+    for change, expected in [
+        ("--model.d_model=32", "error: cannot resume: model.d_model changed since the checkpoint (64 → 32)"),
+        (
+            "--data.val_fraction=0.2",
+            "error: cannot resume: data.val_fraction changed since the checkpoint (0.05 → 0.2)",
+        ),
+        (
+            "--objective.name=test_poisoned_lm",
+            "error: cannot resume: objective.name changed since the checkpoint ('causal_lm' → 'test_poisoned_lm')",
+        ),  # fmt: skip
+        ("--train.seq_len=16", "error: cannot resume data loader: seq_len was 32, now 16"),
+    ]:
+        args = pretrain(prepared, run, "--train.max_steps=4", "--resume", change)
+        assert one_error_line(capsys, *args) == expected
+    assert one_error_line(capsys, *pretrain(prepared, run, "--train.max_steps=4")) == (
+        f"error: run dir {run} already has checkpoints: pass --resume to continue it, or choose another --run.dir"
+    )
+    assert fingerprint(run) == before
+
+
+def test_checkpoint_of_another_architecture_is_refused_by_resume_and_generate(prepared, tmp_path, capsys):
+    gpt, llama = tmp_path / "gpt", tmp_path / "llama"
+    assert cli(capsys, *pretrain(prepared, gpt, "--train.max_steps=1"))[0] == 0
+    assert cli(capsys, *pretrain(prepared, llama, "--train.max_steps=1", "--model.preset=llama-tiny"))[0] == 0
+    ckpt = gpt / "checkpoints" / "step_1"
+    shutil.copy(llama / "checkpoints" / "step_1" / "model.safetensors", ckpt / "model.safetensors")
+    rewrite_manifest(ckpt)
+    before = fingerprint(gpt)
+    expected = (
+        "error: checkpoint does not match the model: key 'decoder.pos_emb.emb.weight' is missing from the checkpoint"
+    )
+    assert one_error_line(capsys, *pretrain(prepared, gpt, "--train.max_steps=2", "--resume")) == expected
+    assert one_error_line(capsys, "generate", str(gpt), "--prompt", "The") == expected
+    assert fingerprint(gpt) == before
+
+
+def test_disk_full_while_saving_keeps_earlier_checkpoints(prepared, tmp_path, capsys, monkeypatch):
+    real, calls = ck.save_file, []
+
+    def full_disk(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:  # the second checkpoint: the disk fills up while its weights are written
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ck, "save_file", full_disk)
+    run = tmp_path / "run"
+    args = pretrain(prepared, run, "--train.save_every=2", "--train.max_steps=6", "--train.deterministic")
+    assert last_error_line(capsys, *args) == "error: could not save checkpoint step_4: No space left on device"
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_2"]  # no scratch dir left behind
+    assert ck.verify_checkpoint(run / "checkpoints" / "step_2") is None
+    monkeypatch.setattr(ck, "save_file", real)  # space freed: the run resumes from step 2
+    rc, _, err = cli(capsys, *args, "--resume")
+    assert rc == 0, err
+    assert [r["step"] for r in train_rows(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+# --- non-finite losses and gradients ---------------------------------------------------------------------------
+
+POISON: dict[int, str] = {}
+"""Training step → "loss" (NaN loss) or "grad" (finite loss, infinite gradients), for the test objective."""
+
+
+class _InfGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("inf")
+
+
+class PoisonedLM(CausalLM):
+    """causal_lm whose training loss or gradients are non-finite at the steps in POISON (grad_accum = 1)."""
+
+    name = "test_poisoned_lm"
+
+    def __init__(self, cfg, tokenizer) -> None:
+        super().__init__(cfg, tokenizer)
+        self.step = 0  # training calls since this process started the run (grad_accum = 1: one per step)
+
+    def loss(self, model, batch):
+        out = super().loss(model, batch)
+        if model.training:
+            self.step += 1
+            kind = POISON.get(self.step)
+            if kind == "loss":
+                out.loss = out.loss * float("nan")
+            elif kind == "grad":
+                out.loss = _InfGrad.apply(out.loss)
+        return out
+
+
+if PoisonedLM.name not in OBJECTIVES:
+    OBJECTIVES.register(PoisonedLM.name)(PoisonedLM)
+
+
+def test_nonfinite_loss_or_gradient_skips_the_step_with_a_warning(prepared, tmp_path, capsys):
+    POISON.clear()
+    POISON.update({3: "loss", 5: "grad"})
+    run = tmp_path / "run"
+    args = pretrain(prepared, run, "--objective.name=test_poisoned_lm", "--train.max_steps=6", "--train.save_every=1",
+                    "--train.keep_last=10")  # fmt: skip
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0, err
+    lines = err.splitlines()
+    assert "warning: step 3: non-finite loss (nan), step skipped" in lines
+    assert [line for line in lines if line.startswith("warning: step 5: non-finite gradient norm (")]
+    rows = {r["step"]: r for r in train_rows(run) if "val_loss" not in r}
+    assert rows[3] == {"step": 3, "skipped": True, "nonfinite": "loss", "loss": None, "grad_norm": None}
+    assert rows[5]["skipped"] is True and rows[5]["nonfinite"] == "gradient norm" and rows[5]["grad_norm"] is None
+    assert all("skipped" not in rows[s] and rows[s]["loss"] > 0 for s in (1, 2, 4, 6))
+    # A skipped step leaves the weights as they were; the steps around it change them.
+    w = {s: ck.read_weights(run / "checkpoints" / f"step_{s}") for s in range(1, 7)}
+    for before, after, same in [(2, 3, True), (3, 4, False), (4, 5, True), (5, 6, False)]:
+        assert all(torch.equal(w[before][k], w[after][k]) for k in w[before]) is same
+
+
+def test_too_many_nonfinite_steps_in_a_row_stop_the_run_with_one_line(prepared, tmp_path, capsys):
+    POISON.clear()
+    POISON.update({4: "loss", 5: "grad", 6: "loss"})
+    run = tmp_path / "run"
+    args = pretrain(prepared, run, "--objective.name=test_poisoned_lm", "--train.max_steps=10", "--train.save_every=3",
+                    "--train.max_nonfinite=3")  # fmt: skip
+    assert last_error_line(capsys, *args) == (
+        "error: stopping at step 6: 3 consecutive steps with a non-finite loss or gradient (train.max_nonfinite=3); "
+        "lower train.lr or check the data; the last checkpoint is step_3"
+    )
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_3"]
+    assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
+    assert [r["step"] for r in train_rows(run) if r.get("skipped")] == [4, 5, 6]
+    POISON.clear()  # the cause is gone (e.g. a lower lr): the run resumes from its last checkpoint
+    rc, _, err = cli(capsys, *args, "--resume")
+    assert rc == 0, err
+    assert "resumed from" in err and [r["step"] for r in train_rows(run) if "loss" in r][-1] == 10
+
+
+# --- overlong prompts ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_run(prepared, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("small") / "run"
+    tok, data = prepared
+    assert main(["pretrain", "gpt", f"--run.dir={run}", f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY,
+                 "--model.vocab_size=512", "--train.max_steps=2"]) == 0  # fmt: skip
+    return run
+
+
+def test_overlong_generation_prompt_errors_by_default(small_run, capsys):
+    from lmforge.tokenizers import Tokenizer
+
+    prompt = "It is a truth universally acknowledged, " * 20
+    n = len(Tokenizer.load(ck.latest_checkpoint(small_run)).encode(prompt))
+    assert n > 128
+    line = one_error_line(capsys, "generate", str(small_run), "--prompt", "Hi", "--prompt", prompt)
+    assert line == (
+        f"error: prompt has {n} tokens, more than the model's max_seq_len 128 (shorten it, or truncate it: "
+        "--overlong truncate)"
+    )
+
+
+def test_overlong_prompt_truncation_keeps_the_end_and_warns(small_run, capsys):
+    from lmforge.api import load
+    from lmforge.generate import generate, generate_text
+
+    model, tok = load(small_run)
+    prompt = "It is a truth universally acknowledged, " * 20
+    ids = tok.encode(prompt)
+    out = generate_text(model, tok, [prompt], max_new_tokens=8, temperature=0.0, overlong="truncate")
+    assert capsys.readouterr().err == (
+        f"warning: prompt has {len(ids)} tokens, more than max_seq_len 128: kept its last 120\n"
+    )
+    ref = generate(model, torch.tensor([ids[-120:]]), max_new_tokens=8, temperature=0.0, eos_id=tok.eos_id)
+    assert out == [tok.decode(ref[0, 120:].tolist())]
+    assert len(ref[0]) == 128  # the continuation fits: all 8 new tokens were generated
+
+
+def test_overlong_encoder_decoder_source_keeps_the_start(capsys):
+    from lmforge.generate import generate, generate_text
+    from lmforge.models import Transformer, get_preset
+
+    tok = train_tokenizer(load_default_corpus()[:3], "bpe", 400, family="bart")
+    torch.manual_seed(0)
+    model = Transformer(get_preset("bart-tiny", vocab_size=tok.vocab_size)).eval()
+    source = "It is a truth universally acknowledged, " * 20
+    n = len(tok.encode(source)) + 2  # with <s> and </s>
+    with pytest.raises(LMForgeError, match=rf"^prompt has {n} tokens, more than the model's max_seq_len 128 "):
+        generate_text(model, tok, [source], max_new_tokens=3, temperature=0.0)
+    a = generate_text(model, tok, [source], max_new_tokens=3, temperature=0.0, overlong="truncate")
+    assert capsys.readouterr().err == f"warning: prompt has {n} tokens, more than max_seq_len 128: kept its first 126\n"
+    src = torch.tensor([[tok.bos_id, *tok.encode(source)[:126], tok.eos_id]])
+    b = generate(model, src, max_new_tokens=3, temperature=0.0, eos_id=tok.eos_id)
+    assert a == [tok.decode(b[0, 1:].tolist())]
