@@ -16,6 +16,8 @@ setup: $(VENV)/.setup-done
 
 demo: setup
 	$(VENV)/bin/lmforge pretrain demo
+	$(VENV)/bin/lmforge finetune demo-sentiment --init runs/demo
+	$(VENV)/bin/lmforge eval runs/demo-sentiment
 
 test: setup
 	$(PY) -m pytest

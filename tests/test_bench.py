@@ -180,7 +180,7 @@ def test_lmforge_and_hf_losses_agree_on_tiny_models(name, preset):
     """The bench's two loss functions score the same thing: MLM with the head on masked positions only (lmforge)
     equals HF's all-position logits with ignored labels; span corruption equals T5ForConditionalGeneration's."""
     spec = model_table.BENCH_MODELS[name]
-    cfg = get_preset(preset, dropout=0.0, attn_dropout=0.0)
+    cfg = get_preset(preset, dropout=0.0, attn_dropout=0.0, **spec.overrides)
     torch.manual_seed(0)
     model = Transformer(cfg).train()
     twin = spec.build_hf(model)
