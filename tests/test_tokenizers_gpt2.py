@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gpt2_reference import gpt2_encoding
-from tokenizer_corpus import CORPUS, TRICKY, architecture_text
+from tokenizer_corpus import CORPUS, TRICKY, bundled_text
 
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers import Tokenizer, fetch_gpt2_bpe, load_gpt2_bpe
@@ -42,7 +42,7 @@ def reference():
 
 def _documents() -> list[str]:
     """Several KB of real text: public-domain prose, the architecture guide and this package's source."""
-    docs = [CORPUS, TRICKY, architecture_text()]
+    docs = [CORPUS, TRICKY, bundled_text()]
     docs += [p.read_text(encoding="utf-8") for p in sorted(SRC.rglob("*.py"))]
     return [d for d in docs if d]
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 GETTYSBURG = """Four score and seven years ago our fathers brought forth on this continent, a new nation, \
 conceived in Liberty, and dedicated to the proposition that all men are created equal.
 
@@ -83,7 +81,9 @@ TRICKY = (
 )
 
 
-def architecture_text() -> str:
-    """The project's architecture guide when it is present (several KB of real English), else ''."""
-    path = Path("/work/shared/ARCHITECTURE.md")
-    return path.read_text(encoding="utf-8") if path.is_file() else ""
+def bundled_text() -> str:
+    """Several KB of real English: the opening of the bundled corpus's first Austen chapter and a Shakespeare play."""
+    from lmforge.data import load_default_corpus
+
+    docs = load_default_corpus()
+    return docs[0][:6000] + "\n\n" + docs[-1][:6000]
