@@ -108,13 +108,13 @@ class Config:
 # --- parsing ------------------------------------------------------------------------------------------------
 
 
-def _all_keys(cls: type, prefix: str = "") -> list[str]:
+def all_keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
         if dataclasses.is_dataclass(t):
-            keys += _all_keys(t, f"{prefix}{f.name}.")
+            keys += all_keys(t, f"{prefix}{f.name}.")
         else:
             keys.append(f"{prefix}{f.name}")
     return keys
@@ -177,7 +177,9 @@ def coerce(value: Any, t: Any, key: str) -> Any:
     raise LMForgeError(f"{key}: unsupported field type {t}")
 
 
-def _build(cls: type, raw: dict, prefix: str, all_keys: list[str]) -> Any:
+def build_dataclass(cls: type, raw: dict, prefix: str, known: list[str]) -> Any:
+    """Validate a raw mapping against dataclass `cls` (recursively); `known` lists every valid dotted key for
+    did-you-mean suggestions."""
     if not isinstance(raw, dict):
         raise LMForgeError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -186,11 +188,11 @@ def _build(cls: type, raw: dict, prefix: str, all_keys: list[str]) -> Any:
     for k, v in raw.items():
         key = f"{prefix}{k}"
         if k not in names:
-            hint = get_close_matches(key, all_keys, n=1, cutoff=0.6)
+            hint = get_close_matches(key, known, n=1, cutoff=0.6)
             tip = f" — did you mean '{hint[0]}'?" if hint else ""
             raise LMForgeError(f"unknown config key '{key}'{tip}")
         t = hints[k]
-        kwargs[k] = _build(t, v, f"{key}.", all_keys) if dataclasses.is_dataclass(t) else coerce(v, t, key)
+        kwargs[k] = build_dataclass(t, v, f"{key}.", known) if dataclasses.is_dataclass(t) else coerce(v, t, key)
     return cls(**kwargs)
 
 
@@ -225,10 +227,10 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_dicts(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge_dicts(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -264,17 +266,26 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
+def recipe_dict(
+    recipe: str | Path | None, kind: str, overrides: list[str] | dict | None = None, extra: dict | None = None
+) -> dict:
+    """The raw config tree of a recipe (path or bundled name in recipes/<kind>/) with dotted overrides and
+    `extra` (e.g. a CLI flag's value) merged on top; validation is the caller's `build_*`."""
+    raw = read_yaml(resolve_recipe(str(recipe), kind=kind)) if recipe is not None else {}
+    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    return merge_dicts(merge_dicts(raw, over), extra or {})
+
+
+def write_yaml(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
     """Recipe YAML (path or bundled name) + dotted overrides → validated Config.
 
     `model.preset` picks a registered architecture; other model.* keys override its fields."""
-    raw: dict = {}
-    path = resolve_recipe(str(recipe)) if recipe is not None else None
-    if path is not None:
-        raw = read_yaml(path)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    raw = _merge(raw, over)
-    return build_config(raw)
+    return build_config(recipe_dict(recipe, "pretrain", overrides))
 
 
 def build_config(raw: dict) -> Config:
@@ -288,7 +299,7 @@ def build_config(raw: dict) -> Config:
         model_raw = {**base, **model_raw}
     raw["model"] = model_raw
     objective_raw = dict(raw.pop("objective", None) or {})
-    cfg = _build(Config, raw, "", _all_keys(Config) + ["model.preset"])
+    cfg = build_dataclass(Config, raw, "", all_keys(Config) + ["model.preset"])
     cfg.objective = build_objective_config(objective_raw)
     cfg.model.validate()
     return cfg
@@ -302,8 +313,8 @@ def build_objective_config(raw: dict) -> ObjectiveConfig:
         raise LMForgeError(f"objective: expected a mapping, got {raw!r}")
     name = str(raw.pop("name", ObjectiveConfig.name))
     options_cls = OBJECTIVES.get(name).Options
-    keys = [f"objective.{k}" for k in _all_keys(options_cls)] + ["objective.name"]
-    return ObjectiveConfig(name, _build(options_cls, raw, "objective.", keys))
+    keys = [f"objective.{k}" for k in all_keys(options_cls)] + ["objective.name"]
+    return ObjectiveConfig(name, build_dataclass(options_cls, raw, "objective.", keys))
 
 
 def to_dict(cfg: Config) -> dict:
@@ -315,5 +326,4 @@ def to_dict(cfg: Config) -> dict:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    write_yaml(path, to_dict(cfg))

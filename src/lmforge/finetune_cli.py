@@ -53,14 +53,14 @@ def _finetuned_run(path: Path) -> bool:
 
 def eval_finetuned(path: Path, overrides: list[str], split: str) -> dict[str, dict[str, float]]:
     """{task name: metrics} of a fine-tuned run on `split` of its data (data.* overridable)."""
-    from lmforge.config import _merge, parse_overrides
+    from lmforge.config import merge_dicts, parse_overrides
     from lmforge.tasks.backbone import load_finetuned
     from lmforge.tasks.config import build_finetune_config, finetune_to_dict
     from lmforge.tasks.data import load_splits
 
     task, model, _, cfg = load_finetuned(path)
     if overrides:
-        cfg = build_finetune_config(_merge(finetune_to_dict(cfg), parse_overrides(overrides)))
+        cfg = build_finetune_config(merge_dicts(finetune_to_dict(cfg), parse_overrides(overrides)))
     splits = load_splits(cfg.data)
     name = cfg.data.name or cfg.task.type
     if split not in splits and cfg.data.source == "glue":  # e.g. MNLI's dev_mismatched

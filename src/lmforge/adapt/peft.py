@@ -84,14 +84,14 @@ class PeftInfo:
 
 def build_options(method: str, options: PeftOptions | dict | None, prefix: str = "peft.") -> PeftOptions:
     """The method's typed options from a dataclass, a recipe-style dict (validated key by key) or None."""
-    from lmforge.config import _all_keys, _build
+    from lmforge.config import all_keys, build_dataclass
 
     cls = ADAPTERS.get(method).Options
     if options is None:
         return cls()
     if isinstance(options, dict):
-        keys = [f"{prefix}{k}" for k in _all_keys(cls)] + [f"{prefix}method"]
-        return _build(cls, dict(options), prefix, keys)
+        keys = [f"{prefix}{k}" for k in all_keys(cls)] + [f"{prefix}method"]
+        return build_dataclass(cls, dict(options), prefix, keys)
     if type(options) is not cls:
         raise LMForgeError(f"peft method '{method}' takes {cls.__name__}, got {type(options).__name__}")
     return options

@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from lmforge.align.train import LoopConfig
-from lmforge.config import _all_keys, _build, _merge, parse_overrides, read_yaml, resolve_recipe
+from lmforge.config import all_keys, build_dataclass, recipe_dict, write_yaml
 from lmforge.errors import LMForgeError
 
 Method = Literal["sft", "reward", "dpo"]
@@ -91,7 +89,7 @@ class AlignConfig:
 
 
 def build_align_config(raw: dict) -> AlignConfig:
-    cfg = _build(AlignConfig, raw, "", _all_keys(AlignConfig))
+    cfg = build_dataclass(AlignConfig, raw, "", all_keys(AlignConfig))
     _validate(cfg)
     return cfg
 
@@ -119,15 +117,8 @@ def load_align_config(
     recipe: str | Path | None = None, overrides: list[str] | dict | None = None, init: str | None = None
 ) -> AlignConfig:
     """Recipe (path or bundled name in recipes/align/) + dotted overrides (+ `--init`) → AlignConfig."""
-    raw: dict = {}
-    path = resolve_recipe(str(recipe), kind="align") if recipe is not None else None
-    if path is not None:
-        raw = read_yaml(path)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    raw = _merge(raw, over)
-    if init is not None:
-        raw = _merge(raw, {"model": {"init": init}})
-    return build_align_config(raw)
+    extra = {"model": {"init": init}} if init is not None else None
+    return build_align_config(recipe_dict(recipe, "align", overrides, extra))
 
 
 def align_to_dict(cfg: AlignConfig) -> dict:
@@ -135,5 +126,4 @@ def align_to_dict(cfg: AlignConfig) -> dict:
 
 
 def save_align_config(cfg: AlignConfig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(align_to_dict(cfg), sort_keys=False), encoding="utf-8")
+    write_yaml(path, align_to_dict(cfg))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from lmforge.config import _all_keys, _build, _merge, parse_overrides, read_yaml, resolve_recipe
+from lmforge.config import all_keys, build_dataclass, recipe_dict
 from lmforge.errors import LMForgeError
 
 
@@ -76,7 +76,7 @@ class CompressConfig:
 
 
 def build_compress_config(raw: dict) -> CompressConfig:
-    cfg = _build(CompressConfig, raw, "", _all_keys(CompressConfig))
+    cfg = build_dataclass(CompressConfig, raw, "", all_keys(CompressConfig))
     if not 0 <= cfg.prune.sparsity < 1:
         raise LMForgeError(f"prune.sparsity must be in [0, 1), got {cfg.prune.sparsity}")
     if not 0 <= cfg.prune.heads < 1:
@@ -93,12 +93,5 @@ def load_compress_config(
     recipe: str | Path | None = None, overrides: list[str] | dict | None = None, teacher: str | None = None
 ) -> CompressConfig:
     """Recipe (path or bundled name in recipes/compress/) + dotted overrides (+ `--teacher RUN`)."""
-    raw: dict = {}
-    path = resolve_recipe(str(recipe), kind="compress") if recipe is not None else None
-    if path is not None:
-        raw = read_yaml(path)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    raw = _merge(raw, over)
-    if teacher is not None:
-        raw = _merge(raw, {"teacher": {"run": teacher}})
-    return build_compress_config(raw)
+    extra = {"teacher": {"run": teacher}} if teacher is not None else None
+    return build_compress_config(recipe_dict(recipe, "compress", overrides, extra))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lmforge.config import _all_keys, _build, _merge, parse_overrides, read_yaml, resolve_recipe
+from lmforge.config import all_keys, build_dataclass, recipe_dict, resolve_recipe
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.registry import EVALS
@@ -187,15 +187,13 @@ def load_prompt_config(recipe: str | Path, overrides: list[str] | dict | None = 
     """A prompted-evaluation recipe (path or bundled name in recipes/eval/) + dotted overrides."""
     _methods_registered()
     path = resolve_recipe(str(recipe), kind="eval")
-    raw = read_yaml(path)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    raw = _merge(raw, over)
+    raw = recipe_dict(path, "eval", overrides)
     section = dict(raw.pop("eval", None) or {})
-    cfg = _build(PromptEvalConfig, raw, "", _all_keys(PromptEvalConfig))
+    cfg = build_dataclass(PromptEvalConfig, raw, "", all_keys(PromptEvalConfig))
     method = str(section.pop("method", EvalSection.method))
     options_cls = EVALS.get(method).Options
-    keys = [f"eval.{k}" for k in _all_keys(options_cls)] + ["eval.method"]
-    cfg.eval = EvalSection(method, _build(options_cls, section, "eval.", keys))
+    keys = [f"eval.{k}" for k in all_keys(options_cls)] + ["eval.method"]
+    cfg.eval = EvalSection(method, build_dataclass(options_cls, section, "eval.", keys))
     cfg.name = cfg.name or path.stem
     return cfg
 

@@ -11,10 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section_to_dict
-from lmforge.config import RECIPES_DIR, _all_keys, _build, _merge, parse_overrides, read_yaml, resolve_recipe
+from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, recipe_dict, write_yaml
 from lmforge.errors import LMForgeError
 
 RECIPES = RECIPES_DIR / "finetune"
@@ -120,8 +118,8 @@ def build_task_section(raw: dict) -> TaskSection:
     raw = dict(raw)
     name = str(raw.pop("type", TaskSection.type))
     options_cls = TASKS.get(name).Options
-    keys = [f"task.{k}" for k in _all_keys(options_cls)] + ["task.type"]
-    return TaskSection(name, _build(options_cls, raw, "task.", keys))
+    keys = [f"task.{k}" for k in all_keys(options_cls)] + ["task.type"]
+    return TaskSection(name, build_dataclass(options_cls, raw, "task.", keys))
 
 
 def build_finetune_config(raw: dict) -> FinetuneConfig:
@@ -129,7 +127,7 @@ def build_finetune_config(raw: dict) -> FinetuneConfig:
     raw = dict(raw)
     task_raw = dict(raw.pop("task", None) or {})
     peft_raw = raw.pop("peft", None)
-    cfg = _build(FinetuneConfig, raw, "", _all_keys(FinetuneConfig))
+    cfg = build_dataclass(FinetuneConfig, raw, "", all_keys(FinetuneConfig))
     cfg.task = build_task_section(task_raw)
     cfg.peft = build_peft_section(peft_raw)
     _validate(cfg)
@@ -155,15 +153,8 @@ def load_finetune_config(
     recipe: str | Path | None = None, overrides: list[str] | dict | None = None, init: str | None = None
 ) -> FinetuneConfig:
     """Recipe (path or bundled name in recipes/finetune/) + dotted overrides (+ `--init`) → FinetuneConfig."""
-    raw: dict = {}
-    path = resolve_recipe(str(recipe), kind="finetune") if recipe is not None else None
-    if path is not None:
-        raw = read_yaml(path)
-    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    raw = _merge(raw, over)
-    if init is not None:
-        raw = _merge(raw, {"model": {"init": init}})
-    return build_finetune_config(raw)
+    extra = {"model": {"init": init}} if init is not None else None
+    return build_finetune_config(recipe_dict(recipe, "finetune", overrides, extra))
 
 
 def finetune_to_dict(cfg: FinetuneConfig) -> dict:
@@ -176,5 +167,4 @@ def finetune_to_dict(cfg: FinetuneConfig) -> dict:
 
 
 def save_finetune_config(cfg: FinetuneConfig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(finetune_to_dict(cfg), sort_keys=False), encoding="utf-8")
+    write_yaml(path, finetune_to_dict(cfg))
