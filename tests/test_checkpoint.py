@@ -20,18 +20,17 @@ from torch import nn
 from lmforge.errors import LMForgeError
 from lmforge.train import checkpoint as ck
 from lmforge.train.checkpoint import (
-    capture_rng_state,
     latest_checkpoint,
     list_checkpoints,
     load_train_state,
     load_weights,
     read_config,
     read_weights,
-    restore_rng_state,
     save_checkpoint,
     save_run_config,
     verify_checkpoint,
 )
+from lmforge.train.rng_state import capture_rng_state, restore_rng_state
 
 CONFIG = {"model": {"d_model": 16, "n_layers": 1}, "train": {"lr": 3e-4}}
 

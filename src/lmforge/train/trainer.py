@@ -22,6 +22,7 @@ from lmforge.train.metrics import MetricsLogger, Progress, flops_per_token, peak
 from lmforge.train.metrics import mfu as compute_mfu
 from lmforge.train.optim import build_optimizer, build_scheduler
 from lmforge.train.resume import resume_checkpoint
+from lmforge.train.rng_state import capture_rng_state, restore_rng_state
 from lmforge.train.setup import autocast_for, check_vocab, load_or_train_tokenizer, pick_device, prepare_data
 
 
@@ -93,7 +94,7 @@ class Trainer:
                 f"{self.resume_from / ckpt.TRAIN_STATE_FILE} does not match this run: {type(e).__name__}: {e}"
             ) from e
         self.train_iter = iter(self.train_loader)
-        ckpt.restore_rng_state(rng)
+        restore_rng_state(rng)
         if self.dist.is_main:
             pos = self.train_loader.state_dict()
             print(
@@ -164,7 +165,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "loader": self._gather_loader_states(),
-            "rng": ckpt.capture_rng_state(),
+            "rng": capture_rng_state(),
             "step": step,
         }
         if self.dist.is_main:
