@@ -10,17 +10,26 @@
 set -euo pipefail
 CORPUS=${CORPUS:-.cache/gpu/corpus} TOK=${TOK:-.cache/gpu/tok} PARA=${PARA:-.cache/gpu/para}
 OUT=${OUT:-runs/study} STEPS=${STEPS:-1600} B=${B:-64} SEQ=${SEQ:-512} W=${W:-/tmp/study}
+MODELS=${MODELS:-"gpt bert"} INITS=${INITS:-"pretrained scratch"} BERT_STEPS=${BERT_STEPS:-$STEPS} BERT_LR=${BERT_LR:-6e-4}
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
 mkdir -p "$OUT" "$W"
 lm() { python -m lmforge.cli "$@"; }
 
 lm data prepare "$CORPUS" --out "$W/data" --tokenizer "$TOK" --val-fraction 0.01
 common=(--data.tokenizer="$TOK" --data.prepared="$W/data" --model.vocab_size=16384 --train.seq_len="$SEQ"
-        --train.batch_size="$B" --train.max_steps="$STEPS" --train.warmup_steps=100 --train.eval_every=400
-        --train.eval_batches=20 --train.save_every="$STEPS" --train.log_every=100 ${COMPILE:---train.compile})
-lm pretrain gpt --run.dir="$W/gpt" --model.preset=gpt-small --train.lr=6e-4 "${common[@]}" | tail -3
-lm pretrain roberta --run.dir="$W/bert" --model.preset=roberta-small --train.lr=6e-4 "${common[@]}" | tail -3
-cp "$W/gpt/metrics.jsonl" "$OUT/gpt_pretrain.jsonl"; cp "$W/bert/metrics.jsonl" "$OUT/bert_pretrain.jsonl"
+        --train.batch_size="$B" --train.warmup_steps=100 --train.eval_every=400
+        --train.eval_batches=20 --train.log_every=100 ${COMPILE:---train.compile})
+has() { [[ " $MODELS " == *" $1 "* ]]; }
+if has gpt; then
+  lm pretrain gpt --run.dir="$W/gpt" --model.preset=gpt-small --train.lr=6e-4 --train.max_steps="$STEPS" \
+    --train.save_every="$STEPS" "${common[@]}" | tail -3
+  cp "$W/gpt/metrics.jsonl" "$OUT/gpt_pretrain.jsonl"
+fi
+if has bert; then
+  lm pretrain roberta --run.dir="$W/bert" --model.preset=roberta-small --train.lr="$BERT_LR" \
+    --train.max_steps="$BERT_STEPS" --train.save_every="$BERT_STEPS" "${common[@]}" | tail -3
+  cp "$W/bert/metrics.jsonl" "$OUT/bert_pretrain.jsonl"
+fi
 
 ft() {  # name recipe init data-overrides... ; records eval.json (dev) and eval_test.json
   local name=$1 recipe=$2 init=$3; shift 3
@@ -37,17 +46,19 @@ PY
 }
 para=(--data.source=dir --data.dir="$PARA" --data.max_train=10000)
 for task in sentiment paraphrase; do
-  for init in pretrained scratch; do
+  for init in $INITS; do
     g=$W/gpt b=$W/bert
     [ $init = scratch ] && g=none b=none
     if [ $task = sentiment ]; then
-      ft "gpt-$task-$init" sst2-gpt "$g" --model.preset=gpt-small
-      ft "bert-$task-$init" sst2-bert "$b" --model.preset=roberta-small --task.format=bert
+      has gpt && ft "gpt-$task-$init" sst2-gpt "$g" --model.preset=gpt-small
+      has bert && ft "bert-$task-$init" sst2-bert "$b" --model.preset=roberta-small --task.format=bert
     else
-      ft "gpt-$task-$init" glue-mrpc "$g" --model.preset=gpt-small "${para[@]}"
-      ft "bert-$task-$init" glue-mrpc "$b" --model.preset=roberta-small "${para[@]}"
+      has gpt && ft "gpt-$task-$init" glue-mrpc "$g" --model.preset=gpt-small "${para[@]}"
+      has bert && ft "bert-$task-$init" glue-mrpc "$b" --model.preset=roberta-small "${para[@]}"
     fi
   done
 done
-ft gpt-sentiment-pretrained-lambda0 sst2-gpt "$W/gpt" --task.lm_coef=0
-ft gpt-paraphrase-pretrained-lambda0 glue-mrpc "$W/gpt" --task.lm_coef=0 "${para[@]}"
+if has gpt; then
+  ft gpt-sentiment-pretrained-lambda0 sst2-gpt "$W/gpt" --task.lm_coef=0
+  ft gpt-paraphrase-pretrained-lambda0 glue-mrpc "$W/gpt" --task.lm_coef=0 "${para[@]}"
+fi
