@@ -118,3 +118,30 @@ def test_bad_runs_are_clear_errors(tmp_path, sft_run):
     assert str(e.value) == f"{bad}:1: field 'output' is missing"
     with pytest.raises(LMForgeError, match="alignment needs a decoder model, 'bert-tiny' is arch 'encoder'"):
         cmd_sft(None, "bert-tiny", [f"--run.dir={tmp_path / 'w'}", "--data.max_train=20", "--data.max_eval=5"])
+
+
+def test_instruction_tuning_changes_the_answers_to_follow_the_template(sft_run, data):
+    """Before SFT the model's greedy answer to a review question is not a label word; after 40 steps of SFT on
+    the sentiment instructions it answers with "positive" or "negative" (the template's response format)."""
+    from lmforge.align.data import read_instructions
+    from lmforge.align.templates import get_template
+    from lmforge.generate import generate
+
+    run, _ = sft_run
+    tuned, tok = load(run)
+    torch.manual_seed(0)
+    base = type(tuned)(tuned.config).eval()  # the same architecture before instruction tuning (random init)
+    template = get_template(load_align_config(run / "config.yaml").model.template, tok)
+    convs = read_instructions(data / "sft/dev.jsonl")[:12]
+
+    def label_answers(model) -> int:
+        hits = 0
+        for conv in convs:
+            ids = torch.tensor([template.prompt_ids(conv, max_len=100)])
+            out = generate(model, ids, max_new_tokens=3, temperature=0.0, eos_id=tok.eos_id)
+            answer = tok.decode(out[0, ids.shape[1] :].tolist()).strip().lower()
+            hits += answer.startswith(("positive", "negative"))
+        return hits
+
+    assert label_answers(base) == 0
+    assert label_answers(tuned) >= 10
