@@ -99,3 +99,19 @@ def train_losses(run: Path) -> tuple[list[float], list[float]]:
     """(train losses per logged step, validation losses) from a run's metrics.jsonl."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r], [r["val_loss"] for r in rows if "val_loss" in r]
+
+
+def train_recipe(tmp_path: Path, recipe: str, *overrides: str, steps: int = 30) -> Path:
+    """Pretrain `recipe` for `steps` CPU steps on a small corpus through the CLI; assert the loss clearly falls."""
+    corpus = write_corpus(tmp_path / "docs.jsonl")
+    run = tmp_path / "run"
+    res = run_cli(
+        "pretrain", recipe, f"--run.dir={run}", f"--data.inputs=[{corpus}]", "--data.vocab_size=400",
+        f"--train.max_steps={steps}", "--train.batch_size=8", "--train.warmup_steps=3", "--train.log_every=1",
+        f"--train.eval_every={steps}", "--train.eval_batches=2", *overrides, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    train, val = train_losses(run)
+    assert len(train) == steps and len(val) == 1
+    assert sum(train[-5:]) / 5 < train[0] - 1.0
+    return run
