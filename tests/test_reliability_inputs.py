@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_testing import make_prepared, restore_torch_globals
 
 from lmforge.cli import main
-from lmforge.data import load_default_corpus, prepare
+from lmforge.data import load_default_corpus
 from lmforge.errors import LMForgeError
 from lmforge.objectives.causal_lm import CausalLM
 from lmforge.registry import OBJECTIVES
@@ -30,22 +31,12 @@ TINY += ["--train.log_every=1", "--train.eval_every=100", "--sample.prompts=[]",
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("prepared")
-    docs = load_default_corpus()[:24]
-    (d / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
-    tok = train_tokenizer(docs, "bpe", 512, family="gpt")
-    tok.save(d / "tok")
-    prepare([d / "docs.jsonl"], d / "data", tok, val_fraction=0.1)
-    return d / "tok", d / "data"
+    return make_prepared(tmp_path_factory.mktemp("prepared"), 24)
 
 
 @pytest.fixture(autouse=True)
 def _torch_globals():
-    det, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread beats two contended ones
-    yield
-    torch.use_deterministic_algorithms(det)
-    torch.set_num_threads(threads)
+    yield from restore_torch_globals()
 
 
 def pretrain(prepared, run: Path, *extra: str) -> list[str]:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from training_testing import make_prepared, restore_torch_globals
 
 from lmforge.cli import main
-from lmforge.data import TokenLoader, load_default_corpus, prepare
-from lmforge.tokenizers import train_tokenizer
+from lmforge.data import TokenLoader
 from lmforge.train import checkpoint as ck
 
 TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size=4", "--train.seq_len=32"]
@@ -35,24 +35,12 @@ RESUMED = re.compile(r"resumed from (\S+) at step (\d+) \(data position: epoch (
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    """A tokenizer and prepared shards of 30 bundled documents."""
-    d = tmp_path_factory.mktemp("prepared")
-    docs = load_default_corpus()[:30]
-    (d / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
-    tok = train_tokenizer(docs, "bpe", 512, family="gpt")
-    tok.save(d / "tok")
-    prepare([d / "docs.jsonl"], d / "data", tok, val_fraction=0.1)
-    return d / "tok", d / "data"
+    return make_prepared(tmp_path_factory.mktemp("prepared"), 30)
 
 
 @pytest.fixture(autouse=True)
 def _torch_globals():
-    """In-process runs switch on deterministic algorithms; leave the process as it was."""
-    det, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread beats two contended ones
-    yield
-    torch.use_deterministic_algorithms(det)
-    torch.set_num_threads(threads)
+    yield from restore_torch_globals()
 
 
 def common(prepared, run: Path, *extra: str) -> list[str]:

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lmforge.data import load_default_corpus, prepare
-from lmforge.tokenizers import train_tokenizer
+from training_testing import make_prepared, write_docs
 
 TINY = ["--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=64", "--train.warmup_steps=5"]
 
@@ -34,21 +32,13 @@ def metrics(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """About 400 KB of the bundled corpus as one jsonl file."""
-    d = tmp_path_factory.mktemp("corpus")
-    docs = load_default_corpus()[:40]
-    path = d / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
-    return path
+    return write_docs(tmp_path_factory.mktemp("corpus") / "docs.jsonl", 40)
 
 
 @pytest.fixture(scope="module")
-def prepared(corpus, tmp_path_factory) -> tuple[Path, Path]:
+def prepared(tmp_path_factory) -> tuple[Path, Path]:
     """A tokenizer dir and prepared token shards shared by the tests that train."""
-    d = tmp_path_factory.mktemp("prepared")
-    tok = train_tokenizer([t for t in load_default_corpus()[:40]], "bpe", 512, family="gpt")
-    tok.save(d / "tok")
-    prepare([corpus], d / "data", tok, val_fraction=0.1)
-    return d / "tok", d / "data"
+    return make_prepared(tmp_path_factory.mktemp("prepared"), 40)
 
 
 def test_cli_pretrains_and_generates(corpus, tmp_path):

@@ -133,20 +133,7 @@ def save_checkpoint(
     root = Path(run_dir) / CHECKPOINTS_DIR
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}-{os.getpid()}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_stale_scratch(root)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        _write_contents(tmp, step, model, config, tokenizer, train_state)
-        _publish(tmp, final)
-    except (OSError, SafetensorError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise LMForgeError(f"could not save checkpoint step_{step}: {_reason(e)}") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _write_dir(tmp, final, f"save checkpoint step_{step}", (step, model, config, tokenizer, train_state))
     if keep_last is not None:
         _prune(root, step, keep_last)
     return final
@@ -164,20 +151,28 @@ def write_checkpoint_dir(
     training state), replacing a checkpoint already there. ``lmforge.load(directory)`` reads it back."""
     final = Path(directory)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    _write_dir(tmp, final, f"write checkpoint {final}", (step, model, config, tokenizer, None))
+    return final
+
+
+def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
+    """Write a checkpoint into scratch dir `tmp` and publish it atomically as `final`; on failure remove the
+    scratch dir and raise one line ("could not <what>: <reason>")."""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
+        if final.parent.name == CHECKPOINTS_DIR:
+            _remove_stale_scratch(final.parent)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write_contents(tmp, step, model, config, tokenizer, None)
+        _write_contents(tmp, *contents)
         _publish(tmp, final)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LMForgeError(f"could not write checkpoint {final}: {_reason(e)}") from e
+        raise LMForgeError(f"could not {what}: {_reason(e)}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return final
 
 
 def save_run_config(run_dir: Path, config: dict) -> Path:
