@@ -109,5 +109,5 @@ class AdapterWeights(nn.Module):
                 params[key].copy_(value)
             elif key.endswith(".rows") and key[: -len(".rows")] in tables:
                 table = tables[key[: -len(".rows")]]
-                table[rows.to(table.device)] = value.to(table.dtype)
+                table[rows.to(table.device)] = value.to(table.device, table.dtype)
         return _IncompatibleKeys(missing, unexpected)
