@@ -9,8 +9,9 @@
 # Output: one JSON line per fine-tuning run in $OUT/study.jsonl, pretraining metrics in $OUT/*_pretrain.jsonl.
 set -euo pipefail
 CORPUS=${CORPUS:-.cache/gpu/corpus} TOK=${TOK:-.cache/gpu/tok} PARA=${PARA:-.cache/gpu/para}
-OUT=${OUT:-runs/study} STEPS=${STEPS:-1600} B=${B:-64} SEQ=${SEQ:-512} W=${W:-/tmp/study}
-MODELS=${MODELS:-"gpt bert"} INITS=${INITS:-"pretrained scratch"} BERT_STEPS=${BERT_STEPS:-$STEPS} BERT_LR=${BERT_LR:-6e-4}
+OUT=${OUT:-runs/study} STEPS=${STEPS:-1200} B=${B:-64} SEQ=${SEQ:-512} W=${W:-/tmp/study}
+MODELS=${MODELS:-"gpt bert"} INITS=${INITS:-"pretrained scratch"} BERT_STEPS=${BERT_STEPS:-2000} BERT_LR=${BERT_LR:-1e-3}
+BERT_PRESET=${BERT_PRESET:-roberta-small-rope}  # or roberta-small: learned positions, post-LN
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
 mkdir -p "$OUT" "$W"
 lm() { python -m lmforge.cli "$@"; }
@@ -26,7 +27,7 @@ if has gpt; then
   cp "$W/gpt/metrics.jsonl" "$OUT/gpt_pretrain.jsonl"
 fi
 if has bert; then
-  lm pretrain roberta --run.dir="$W/bert" --model.preset=roberta-small --train.lr="$BERT_LR" \
+  lm pretrain roberta --run.dir="$W/bert" --model.preset="$BERT_PRESET" --train.lr="$BERT_LR" \
     --train.max_steps="$BERT_STEPS" --train.save_every="$BERT_STEPS" "${common[@]}" | tail -3
   cp "$W/bert/metrics.jsonl" "$OUT/bert_pretrain.jsonl"
 fi
@@ -51,10 +52,10 @@ for task in sentiment paraphrase; do
     [ $init = scratch ] && g=none b=none
     if [ $task = sentiment ]; then
       has gpt && ft "gpt-$task-$init" sst2-gpt "$g" --model.preset=gpt-small
-      has bert && ft "bert-$task-$init" sst2-bert "$b" --model.preset=roberta-small --task.format=bert
+      has bert && ft "bert-$task-$init" sst2-bert "$b" --model.preset="$BERT_PRESET" --task.format=bert
     else
       has gpt && ft "gpt-$task-$init" glue-mrpc "$g" --model.preset=gpt-small "${para[@]}"
-      has bert && ft "bert-$task-$init" glue-mrpc "$b" --model.preset=roberta-small "${para[@]}"
+      has bert && ft "bert-$task-$init" glue-mrpc "$b" --model.preset="$BERT_PRESET" "${para[@]}"
     fi
   done
 done

@@ -78,6 +78,13 @@ preset("bert-tiny", F.BERT, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d
 preset("roberta-base", F.ROBERTA, vocab_size=50265, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512)
 preset("roberta-tiny", F.ROBERTA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 preset("roberta-small", F.ROBERTA, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512)
+# Its modern twin (ModernBERT-style, Warner et al. 2024: rotary positions, pre-LN, a final norm). With learned
+# absolute positions an encoder sits on the unigram plateau of the MLM loss until it has learned where its
+# neighbours are (thousands of steps at this size); rotary attention sees relative offsets from the first step.
+preset(
+    "roberta-small-rope", F.ROBERTA, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512,
+    position="rope", norm_position="pre", final_norm=True,
+)  # fmt: skip
 
 # ALBERT (Lan et al. 2020 Table 1): base = E 128, H 768, 12 shared layers, 30k SentencePiece vocab.
 preset(
