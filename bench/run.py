@@ -50,7 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="timed training steps per variant")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     p.add_argument("--compile", choices=["both", "on", "off"], default="both", help="torch.compile variants")
+    p.add_argument(
+        "--impls", nargs="+", choices=["lmforge", "hf"], default=["lmforge", "hf"], help="implementations, in run order"
+    )
     p.add_argument("--device", help="cuda (default when available) or cpu")
+    p.add_argument("--profile", action="store_true", help="print each variant's 15 costliest ops over 3 more steps")
     p.add_argument("--dtype", choices=["bf16", "fp32"], help="bf16 autocast (default on cuda) or fp32 (cpu)")
     p.add_argument("--dropout", type=float, help="dropout and attention dropout for both sides (default: the preset's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch")
@@ -142,7 +146,22 @@ def measure(spec: BenchModel, impl: Impl, compiled: bool, refs: dict[str, nn.Mod
         "mfu": flops / step_s / peak if peak else None,
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None,
     }
+    if args.profile:
+        print_profile(train_step, device)
     return out
+
+
+def print_profile(train_step, device: torch.device, steps: int = 3) -> None:
+    """The ops that cost the most device time over `steps` more training steps (self time, so kernels count once)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            train_step()
+        _sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=70), flush=True)
 
 
 def _free(device: torch.device, compiled: bool) -> None:
@@ -210,7 +229,7 @@ def bench_model(name: str, args) -> list[dict]:
     refs = reference_models(spec, cfg, args.seed)
     batch = spec.loss.make_batch(cfg, batch_size, seq, torch.Generator().manual_seed(args.seed))
     modes = {"both": [False, True], "on": [True], "off": [False]}[args.compile]
-    return [run_variant(name, spec, impl, c, refs, batch, args) for c in modes for impl in ("lmforge", "hf")]
+    return [run_variant(name, spec, impl, c, refs, batch, args) for c in modes for impl in args.impls]
 
 
 def environment(args) -> dict:

@@ -113,6 +113,24 @@ def test_t5_relative_bias_is_one_table_per_stack():
     assert model.encoder.rel_bias.bidirectional and not model.decoder.rel_bias.bidirectional
 
 
+def test_t5_bias_gradient_of_a_batch_is_the_sum_over_its_sequences():
+    # Training gives every sequence its own copy of the learned bias (so SDPA can use a fused kernel); the bias
+    # table's gradient must still be the sum of the per-sequence gradients, as with one broadcast bias.
+    model = tiny("t5-tiny")
+    table = model.encoder.rel_bias.relative_attention_bias.weight
+    ids = torch.randint(4, V, (3, 12))
+    dec = torch.randint(4, V, (3, 5))
+
+    def grad(rows: slice) -> torch.Tensor:
+        model.zero_grad()
+        model(ids[rows], decoder_input_ids=dec[rows]).logits.square().sum().backward()
+        return table.grad.clone()
+
+    whole = grad(slice(None))
+    assert torch.allclose(whole, sum(grad(slice(i, i + 1)) for i in range(3)), atol=1e-5)
+    assert whole.abs().sum() > 0
+
+
 def test_t5_v1_0_rescales_tied_logits_and_v1_1_does_not():
     v10, v11 = tiny("t5-tiny"), tiny("t5-v1_1-tiny")
     assert v10.lm_head.weight is v10.tok_emb.weight and v11.lm_head.weight is not v11.tok_emb.weight
