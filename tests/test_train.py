@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from training_testing import make_prepared, write_docs
 
 TINY = ["--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=64", "--train.warmup_steps=5"]
@@ -100,3 +101,8 @@ def test_two_process_ddp_equals_one_process_with_double_batch(prepared, tmp_path
     b = [r["loss"] for r in metrics(tmp_path / "two") if "loss" in r]
     assert len(a) == len(b) == 4
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    # Each rank keeps its own random stream (masks, noise, dropout), saved with the checkpoint for exact resume.
+    from lmforge.train import checkpoint as ckpt
+
+    rngs = ckpt.load_train_state(ckpt.latest_checkpoint(tmp_path / "two"))["rng"]
+    assert len(rngs) == 2 and not torch.equal(rngs[0]["torch"], rngs[1]["torch"])

@@ -38,6 +38,11 @@ def init_distributed(device_type: str) -> DistInfo:
     return info
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The torch seed of one rank: `seed` on rank 0, a distinct one on every other rank."""
+    return seed + 1_000_003 * rank
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

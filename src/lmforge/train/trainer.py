@@ -16,7 +16,7 @@ from lmforge.config import Config, to_dict
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.distributed import DistInfo, cleanup, init_distributed, mean_across
+from lmforge.train.distributed import DistInfo, cleanup, init_distributed, mean_across, rank_seed
 from lmforge.train.faults import Faults
 from lmforge.train.metrics import MetricsLogger, Progress, flops_per_token, peak_flops, plot_metrics
 from lmforge.train.metrics import mfu as compute_mfu
@@ -36,7 +36,10 @@ class Trainer:
         self.device = pick_device(cfg.train.device, self.dist)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
-        torch.manual_seed(cfg.run.seed)
+        # Each rank draws its own random numbers (dynamic masks, noise, dropout): with one seed everywhere, every
+        # rank would mask the same positions of its batch. Rank 0 keeps run.seed (a one-process run's stream) and
+        # DDP gives every rank rank 0's initial weights.
+        torch.manual_seed(rank_seed(cfg.run.seed, self.dist.rank))
         self.faults = Faults()  # test-only pauses (LMFORGE_FAULT_SLEEP); read once, here
         self.resume_from = resume_checkpoint(self.run_dir, to_dict(cfg), resume, self.dist.is_main)
         self.resume = self.resume_from is not None
@@ -88,13 +91,17 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
             loaders = state["loader"]  # one per rank; positions are global, so any rank's serves a new world size
             self.train_loader.load_state_dict(loaders[min(self.dist.rank, len(loaders) - 1)])
-            rng, self.start_step = state["rng"], int(state["step"])
+            rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # one per rank
+            self.start_step = int(state["step"])
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise LMForgeError(
                 f"{self.resume_from / ckpt.TRAIN_STATE_FILE} does not match this run: {type(e).__name__}: {e}"
             ) from e
         self.train_iter = iter(self.train_loader)
-        restore_rng_state(rng)
+        if self.dist.rank < len(rngs):
+            restore_rng_state(rngs[self.dist.rank])
+        else:  # more ranks than the checkpoint saved: a new rank's stream, distinct from the others'
+            torch.manual_seed(rank_seed(self.cfg.run.seed + self.start_step, self.dist.rank))
         if self.dist.is_main:
             pos = self.train_loader.state_dict()
             print(
@@ -164,8 +171,8 @@ class Trainer:
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "loader": self._gather_loader_states(),
-            "rng": capture_rng_state(),
+            "loader": self._gather(self.train_loader.state_dict()),
+            "rng": self._gather(capture_rng_state()),
             "step": step,
         }
         if self.dist.is_main:
@@ -179,8 +186,8 @@ class Trainer:
                 keep_last=self.cfg.train.keep_last,
             )
 
-    def _gather_loader_states(self) -> list[dict]:
-        state = self.train_loader.state_dict()
+    def _gather(self, state: dict) -> list[dict]:
+        """Every rank's `state`, in rank order (a one-item list without DDP)."""
         if not self.dist.enabled:
             return [state]
         out: list = [None] * self.dist.world_size
