@@ -129,6 +129,21 @@ def test_finetune_from_scratch_is_deterministic_and_keeps_the_best_checkpoint(tm
     assert load_finetune_config(run / "config.yaml").train.max_steps == 6  # the saved config is a recipe
 
 
+def test_bf16_precision_runs_the_steps_under_autocast(tmp_path, labelled):
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        run = tmp_path / precision
+        over = small(run, labelled, "--train.max_steps=2", "--train.log_every=1", "--data.max_eval=16",
+                     "--model.vocab_size=300", f"--train.precision={precision}")  # fmt: skip
+        FineTuner(load_finetune_config("sst2-gpt", over, init="gpt-tiny")).fit()
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        losses[precision] = [r["loss"] for r in rows if "loss" in r]
+        assert (run / "eval.json").is_file()
+    # Same weights and batches: bf16 matmuls change the losses a little, not a lot.
+    assert losses["fp32"] != losses["bf16"]
+    assert max(abs(a - b) for a, b in zip(losses["fp32"], losses["bf16"])) < 0.05
+
+
 def test_a_finetuned_run_reloads_and_evaluates_the_same(tmp_path, labelled):
     over = small(
         tmp_path / "run",

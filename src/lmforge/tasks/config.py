@@ -95,6 +95,8 @@ class FtTrainConfig:
     select_metric: str | None = None
     """Dev metric that picks the best checkpoint (None = the task's main metric)."""
     device: str = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto = bf16 autocast on GPUs that support it (weights and optimizer stay fp32), fp32 on CPU."""
     deterministic: bool = True
     """Deterministic algorithms (bitwise-reproducible CPU runs)."""
 

@@ -29,7 +29,7 @@ from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo
 from lmforge.train.metrics import MetricsLogger, plot_metrics
 from lmforge.train.optim import build_optimizer, build_scheduler
-from lmforge.train.setup import pick_device
+from lmforge.train.setup import autocast_for, pick_device
 
 
 def seed_everything(seed: int) -> None:
@@ -60,6 +60,7 @@ class FineTuner:
         if (self.run_dir / ckpt.CHECKPOINTS_DIR).is_dir() and any((self.run_dir / ckpt.CHECKPOINTS_DIR).iterdir()):
             raise LMForgeError(f"run dir {self.run_dir} already has checkpoints: choose another --run.dir")
         self.device = pick_device(t.device, DistInfo())
+        self.autocast = autocast_for(self.device, t.precision)
         seed_everything(cfg.run.seed)
         self.splits = load_splits(cfg.data)
         task_cls = TASKS.get(cfg.task.type)
@@ -101,11 +102,13 @@ class FineTuner:
             self.log.log(0, trainable_params=self.peft.trainable, total_params=self.peft.total)
 
     def evaluate(self, split: str = "dev") -> dict[str, float]:
-        return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
+        with self.autocast:
+            return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
 
     def _step(self, chunk: list[dict]) -> tuple[float, dict]:
         batch = {k: v.to(self.device) for k, v in collate(chunk, self.task.pad_id).items()}
-        out = self.task.loss(self.model, batch)
+        with self.autocast:
+            out = self.task.loss(self.model, batch)
         loss = float(out.loss.detach())
         if not math.isfinite(loss):  # stop before the update: the best checkpoint on disk stays good
             raise LMForgeError("the loss became non-finite (lower train.lr or check the data)")
