@@ -1,6 +1,6 @@
 """Fine-tuning task types: reader → input transformation → head → loss → metric, one file each, registered in
 `TASKS` (classification, pair_classification, regression, multiple_choice, span_qa, token_tagging, text_to_text,
-seq2seq)."""
+text_to_text_regression, seq2seq)."""
 
 from lmforge.registry import TASKS
 from lmforge.tasks import (  # noqa: F401  (registers the task types)
@@ -12,6 +12,7 @@ from lmforge.tasks import (  # noqa: F401  (registers the task types)
     span_qa,
     tagging,
     text_to_text,
+    text_to_text_regression,
 )
 from lmforge.tasks.base import Task, TaskOptions
 from lmforge.tasks.examples import Dataset, Example
