@@ -8,7 +8,7 @@ import torch
 
 from lmforge.registry import TASKS
 from lmforge.tasks.examples import Dataset, Example
-from lmforge.tasks.span_qa import best_spans, char_to_token_span, windows
+from lmforge.tasks.span_qa import best_spans, char_to_token_span, max_context, windows
 
 CONTEXT = T.GETTYSBURG.split("\n\n")[0].replace("\\\n", "")
 QUESTION = "What was the nation conceived in?"
@@ -31,6 +31,24 @@ def test_windows_cover_the_context_with_stride():
     assert windows(10, 4, 3) == [(0, 4), (3, 7), (6, 10)]
     assert windows(10, 4, 6) == [(0, 4), (4, 8), (8, 10)]  # a stride above the size still covers every token
     assert windows(3, 8, 2) == [(0, 3)]
+
+
+def test_each_token_has_one_max_context_window():
+    # Windows (0, 4), (2, 6), (4, 8): token 2 has 1 token on its short side in the first, 0 in the second; token 3
+    # 0 in the first, 1 in the second; token 4 1 in the second, 0 in the third.
+    flags = max_context(windows(8, 4, 2))
+    assert flags == [[True, True, True, False], [False, True, True, False], [False, True, True, True]]
+    # Every token is claimed by exactly one window.
+    owners = [k for k, (w0, w1) in enumerate(windows(8, 4, 2)) for p, f in zip(range(w0, w1), flags[k]) if f]
+    assert len(owners) == 8
+
+
+def test_best_spans_starts_only_where_allowed():
+    start, end = torch.tensor([[0.0, 9.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.0, 9.0, 1.0]])
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    assert [int(x) for x in best_spans(start, end, valid, 3)[1:]] == [1, 2]
+    start_ok = torch.tensor([[False, False, True, True]])
+    assert [int(x) for x in best_spans(start, end, valid, 3, start_ok)[1:]] == [2, 2]
 
 
 def test_char_to_token_span_covers_the_answer():
@@ -109,16 +127,38 @@ class FixedLogits(torch.nn.Module):
         return type("Out", (), {"logits": (start, end)})()
 
 
+def _answer_windows(feats: list[dict]) -> tuple[int, list[int]]:
+    """(the window where the answer's first token has the most context, the other windows holding the answer)."""
+    holding = [i for i, f in enumerate(feats) if f["start_positions"] > 0]
+    best = [i for i in holding if feats[i]["_max_ctx"][feats[i]["start_positions"] - feats[i]["_ctx"][0]]]
+    assert len(best) == 1
+    return best[0], [i for i in holding if i != best[0]]
+
+
 def test_prediction_takes_the_best_window_and_maps_back_to_text():
     t, _, tok = build(max_len=24, doc_stride=6, max_query_len=8)
     ds = Dataset([example()])
     feats = t.features(ds)
-    k = next(i for i, f in enumerate(feats) if f["start_positions"] > 0)
+    k, _ = _answer_windows(feats)
     f = feats[k]
     model = FixedLogits({k: (f["start_positions"], f["end_positions"])})
     assert t.predict_all(model, ds, batch_size=2) == [ANSWER]
     scores = t.evaluate(FixedLogits({k: (f["start_positions"], f["end_positions"])}), ds)
     assert scores == {"f1": 1.0, "exact_match": 1.0}
+
+
+def test_a_span_counts_only_in_the_window_where_its_start_has_most_context():
+    t, _, _ = build(max_len=24, doc_stride=3, max_query_len=8)
+    ds = Dataset([example()])
+    feats = t.features(ds)
+    k, others = _answer_windows(feats)
+    assert others  # the answer lies in several windows
+    # The answer peaks only in a window where its start lacks context: that window's span is not a candidate.
+    j = others[0]
+    peak = {j: (feats[j]["start_positions"], feats[j]["end_positions"])}
+    assert t.predict_all(FixedLogits(peak), ds) != [ANSWER]
+    peak[k] = (feats[k]["start_positions"], feats[k]["end_positions"])
+    assert t.predict_all(FixedLogits(peak), ds) == [ANSWER]
 
 
 def test_version2_predicts_no_answer_when_the_null_score_wins():

@@ -3,8 +3,10 @@
 Input: `[CLS] question [SEP] context window [SEP]` (or the model's format). Contexts longer than max_len are cut into
 windows that start every `doc_stride` tokens; a window that does not contain the answer, and every window of a
 SQuAD 2.0 unanswerable question, is labelled with position 0 (the [CLS] token). Prediction: the best span
-(end ≥ start, at most max_answer_len tokens) over all windows of a question; with `version_2`, the answer is empty
-when the null score s₀ + e₀ beats the best span's score by more than `null_threshold`.
+(end ≥ start, at most max_answer_len tokens) over all windows of a question, a span starting only in the window
+where its first token has the most context (BERT's `_check_is_max_context`: the window maximising
+min(tokens left, tokens right) + 0.01 · window length); with `version_2`, the answer is empty when the null score
+s₀ + e₀ beats the best span's score by more than `null_threshold`.
 `Example.text` is the question, `context` the passage, `answers` [(char_start, text), ...]."""
 
 from __future__ import annotations
@@ -61,14 +63,30 @@ def windows(n_tokens: int, size: int, stride: int) -> list[tuple[int, int]]:
         start += min(stride, size)
 
 
-def best_spans(start: Tensor, end: Tensor, valid: Tensor, max_answer_len: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Best (score, start, end) per row over spans with both ends in `valid` (B, T), end ≥ start and at most
-    max_answer_len tokens. start/end: (B, T) logits."""
+def max_context(spans: list[tuple[int, int]]) -> list[list[bool]]:
+    """Per window, per token of it: is this the window where the token has the most context on both sides?
+    Score min(left, right) + 0.01 · window length; the first window wins a tie (BERT's run_squad.py)."""
+    n = max(w1 for _, w1 in spans)
+    best = [(-1.0, -1)] * n
+    for k, (w0, w1) in enumerate(spans):
+        for p in range(w0, w1):
+            score = min(p - w0, w1 - 1 - p) + 0.01 * (w1 - w0)
+            if score > best[p][0]:
+                best[p] = (score, k)
+    return [[best[p][1] == k for p in range(w0, w1)] for k, (w0, w1) in enumerate(spans)]
+
+
+def best_spans(
+    start: Tensor, end: Tensor, valid: Tensor, max_answer_len: int, start_ok: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Best (score, start, end) per row over spans with both ends in `valid` (B, T), the start also in `start_ok`
+    when given, end ≥ start and at most max_answer_len tokens. start/end: (B, T) logits."""
     T = start.shape[1]
     scores = start[:, :, None] + end[:, None, :]  # (B, T, T): s_i + e_j
     i = torch.arange(T, device=start.device)
     band = (i[None, :] >= i[:, None]) & (i[None, :] - i[:, None] < max_answer_len)  # (T, T)
-    ok = band[None] & valid[:, :, None] & valid[:, None, :]
+    starts = valid if start_ok is None else valid & start_ok
+    ok = band[None] & starts[:, :, None] & valid[:, None, :]
     scores = scores.masked_fill(~ok, float("-inf")).flatten(1)  # (B, T·T)
     best, idx = scores.max(-1)
     return best, idx // T, idx % T
@@ -95,14 +113,15 @@ class SpanQA(Task):
             answer = char_to_token_span(offsets, char_start, char_start + len(text))
         ctx_at = len(self.framer.start) + len(q_ids) + len(self.framer.mid)  # where the context starts
         feats = []
-        for w0, w1 in windows(len(ids), size, self.options.doc_stride):
+        spans = windows(len(ids), size, self.options.doc_stride)
+        for (w0, w1), is_max in zip(spans, max_context(spans)):
             input_ids, types = self.framer.frame(q_ids, ids[w0:w1])
             f = {"input_ids": input_ids, "token_type_ids": types, "start_positions": 0, "end_positions": 0}
             if answer is not None and w0 <= answer[0] and answer[1] < w1:
                 f["start_positions"], f["end_positions"] = ctx_at + answer[0] - w0, ctx_at + answer[1] - w0
             elif train and answer is None and ex.answers and not self.options.version_2:
                 continue  # SQuAD 1.1: an answer the tokenizer cannot place teaches nothing
-            f.update(_example=i, _ctx=(ctx_at, w1 - w0), _offsets=offsets[w0:w1])
+            f.update(_example=i, _ctx=(ctx_at, w1 - w0), _offsets=offsets[w0:w1], _max_ctx=is_max)
             feats.append(f)
         return feats
 
@@ -127,7 +146,12 @@ class SpanQA(Task):
         lo = torch.tensor([f["_ctx"][0] for f in feats], device=device)[:, None]
         hi = lo + torch.tensor([f["_ctx"][1] for f in feats], device=device)[:, None]
         pos = torch.arange(start.shape[1], device=device)[None, :]
-        score, s, e = best_spans(start, end, (pos >= lo) & (pos < hi), self.options.max_answer_len)
+        start_ok = torch.zeros_like(start, dtype=torch.bool)  # (B, T): context tokens at their max-context window
+        for b, f in enumerate(feats):
+            c0, n = f["_ctx"]
+            start_ok[b, c0 : c0 + n] = torch.tensor(f["_max_ctx"], dtype=torch.bool)
+        valid = (pos >= lo) & (pos < hi)
+        score, s, e = best_spans(start, end, valid, self.options.max_answer_len, start_ok)
         null = (start[:, 0] + end[:, 0]).tolist()
         out = []
         for f, sc, si, ei, nu in zip(feats, score.tolist(), s.tolist(), e.tolist(), null):
