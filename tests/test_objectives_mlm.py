@@ -145,6 +145,46 @@ def test_whole_word_masking_selects_complete_words(kind, family):
     assert abs(sel.sum() / cand.sum() - 0.15) < 0.01
 
 
+def test_albert_ngram_lengths_follow_one_over_n():
+    probs = M.ngram_length_probs(3)
+    assert torch.allclose(probs, torch.tensor([6 / 11, 3 / 11, 2 / 11], dtype=torch.float64))
+    # Synthetic rows (≈ 1.7 tokens per word), as the SpanBERT statistics test: ≈ 12.5k n-grams.
+    g = torch.Generator().manual_seed(0)
+    B, L = 900, 256
+    cand = torch.ones(B, L, dtype=torch.bool)
+    cand[:, 0] = cand[:, -1] = False
+    starts = M.word_starts(torch.arange(B * L).view(B, L), cand, torch.rand(B * L, generator=g) < 0.6)
+    torch.manual_seed(0)
+    selected, span = M.select_spans(cand, starts, 0.15, probs, M.Draws())
+    assert abs(selected.sum() / cand.sum() - 0.15) < 0.005
+    key = (torch.arange(B)[:, None] * L + span)[selected & starts]
+    words = torch.unique(key, return_counts=True)[1]
+    assert len(words) > 10_000
+    hist = torch.bincount(words, minlength=4)[1:].double() / len(words)
+    assert torch.allclose(hist, probs, atol=0.015)
+
+
+def test_ngram_masking_selects_whole_words_and_replaces_per_token(tok, win):
+    obj = objective("mlm", tok, "--objective.ngram=3")
+    torch.manual_seed(0)
+    batch = obj.transform(win)
+    sel = batch["labels"] != M.IGNORE
+    orig = originals(obj, win)
+    assert abs(sel.sum() / (~obj.special[orig]).sum() - 0.15) < 0.01
+    table = M.word_start_table(tok)
+    mixed = 0
+    for r in range(len(win)):
+        for word in _words(orig[r], table, obj.special):
+            flags = sel[r, word]
+            assert flags.all() or not flags.any()  # n-grams cover complete words
+            if flags.all() and len(word) > 1:
+                masked = batch["input_ids"][r, word] == tok.mask_id
+                mixed += int(masked.any() and not masked.all())
+    assert mixed > 10  # 80/10/10 per token: one word's pieces can be treated differently
+    with pytest.raises(LMForgeError, match="objective.ngram must be >= 0"):
+        objective("mlm", tok, "--objective.ngram=-1")
+
+
 def test_bad_options_give_one_line_errors(tok):
     with pytest.raises(LMForgeError, match=r"^objective.mask_rate must be between 0 and 1 \(exclusive\), got 1.5$"):
         objective("mlm", tok, "--objective.mask_rate=1.5")

@@ -141,6 +141,12 @@ def geometric_length_probs(p: float, max_len: int) -> Tensor:
     return w / w.sum()
 
 
+def ngram_length_probs(max_n: int) -> Tensor:
+    """P(n) ∝ 1/n for n = 1..max_n (ALBERT §4.1 n-gram masking: max_n = 3, P = 6/11, 3/11, 2/11)."""
+    w = 1.0 / torch.arange(1, max_n + 1, dtype=torch.float64)
+    return w / w.sum()
+
+
 def _draw_lengths(weights: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draws of lengths 1..len(weights) with P(ℓ) ∝ weights[ℓ - 1]; u (B, S) uniforms."""
     cdf = torch.cumsum(weights, 0) / weights.sum()

@@ -32,9 +32,14 @@ class MLMOptions:
     """Same masks for an example every epoch (BERT's duplicated static masks; RoBERTa §4.1) instead of new ones."""
     whole_word: bool = False
     """Select whole words: all sub-word tokens of a word are predicted together."""
+    ngram: int = 0
+    """ALBERT's n-gram masking (Lan et al. §4.1; 3 there): select runs of 1..ngram whole words, P(n) ∝ 1/n, with
+    the 80/10/10 replacement per token; 0 = single tokens (or words, with whole_word)."""
 
     def __post_init__(self) -> None:
         check_rates(self)
+        if self.ngram < 0:
+            raise LMForgeError(f"objective.ngram must be >= 0, got {self.ngram}")
 
 
 def check_rates(o) -> None:
@@ -74,7 +79,7 @@ class MaskedObjective(Objective):
         self.seed = cfg.run.seed
 
     def _needs_words(self) -> bool:
-        return bool(getattr(self.options, "whole_word", False))
+        return bool(getattr(self.options, "whole_word", False) or getattr(self.options, "ngram", 0))
 
     # --- data path ------------------------------------------------------------------------------------------
 
@@ -105,8 +110,13 @@ class MaskedObjective(Objective):
         return ok
 
     def select(self, batch: dict[str, Tensor], cand: Tensor, draws: M.Draws) -> tuple[Tensor, Tensor | None]:
-        """(selected (B, L) bool, span ids or None): BERT's token-level or whole-word selection."""
+        """(selected (B, L) bool, span ids or None): BERT's token-level or whole-word selection, or ALBERT's
+        n-grams of whole words."""
         starts = M.word_starts(batch["input_ids"], cand, self.word_table)
+        n = getattr(self.options, "ngram", 0)
+        if n:
+            selected, _ = M.select_spans(cand, starts, self.options.mask_rate, M.ngram_length_probs(n), draws)
+            return selected, None  # 80/10/10 decided per token, as for single tokens
         return M.select_words(cand, starts, self.options.mask_rate, draws), None
 
     def mask(self, batch: dict[str, Tensor], draws: M.Draws) -> dict[str, Tensor]:
