@@ -66,6 +66,11 @@ def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path):
         assert torch.equal(model.encoder.blocks[1].mlp.up.weight, saved["discriminator.encoder.blocks.1.mlp.up.weight"])
         ids = torch.tensor([tok.encode("It is a truth universally acknowledged.")])
         assert model(ids).rtd_logits.shape == ids.shape
+    if recipe == "spanbert":  # `load` returns the encoder, the span-boundary head stays in the checkpoint
+        model, _ = load(run)
+        saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
+        assert any(k.startswith("sbo.") for k in saved)
+        assert torch.equal(model.encoder.blocks[0].attn.qkv.weight, saved["backbone.encoder.blocks.0.attn.qkv.weight"])
     if recipe == "bert":
         model, tok = load(run)
         assert model.config.nsp_head and model(torch.tensor([[2, 40, 41, 3, 42, 3]])).nsp_logits.shape == (1, 2)

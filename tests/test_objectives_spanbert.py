@@ -5,8 +5,9 @@ import torch
 from encoder_testing import objective, one_thread, overfit, tiny_encoder, tokenizer, windows  # noqa: F401
 
 from lmforge.errors import LMForgeError
-from lmforge.models import Transformer
 from lmforge.objectives import masking as M
+from lmforge.objectives.mlm import mlm_loss
+from lmforge.objectives.spanbert import span_boundaries
 
 T = 128
 
@@ -122,6 +123,35 @@ def test_overfits_one_batch(tok, setup, one_thread):  # noqa: F811
     obj, win, *_ = setup
     torch.manual_seed(0)
     batch = obj.transform(win[:8, :65])
-    model = Transformer(tiny_encoder(tok.vocab_size))
+    model = obj.build_model(tiny_encoder(tok.vocab_size))
     losses = overfit(model, obj, batch, steps=40)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_span_boundaries_point_just_outside_each_span():
+    # Row 0: span 0 over positions 2-4, span 1 over 6; row 1: span 0 over 0-1 (no left neighbour: clamped).
+    span = torch.tensor([[-1, -1, 0, 0, 0, -1, 1, -1], [0, 0, -1, -1, -1, -1, -1, -1]])
+    left, right, offset = span_boundaries(span)
+    assert left.tolist() == [[0, 0, 1, 1, 1, 0, 5, 0], [0, 0, 0, 0, 0, 0, 0, 0]]
+    assert right.tolist() == [[0, 0, 5, 5, 5, 0, 7, 0], [2, 2, 0, 0, 0, 0, 0, 0]]
+    assert offset.tolist() == [[0, 0, 0, 1, 2, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]]
+
+
+def test_span_boundary_objective_adds_a_head_and_a_loss(tok, setup):
+    obj, win, *_ = setup
+    torch.manual_seed(0)
+    batch = obj.transform(win[:8, :65])
+    sel = batch["labels"] != M.IGNORE
+    at = sel.nonzero()[:, 1]  # positions of the predicted tokens: their boundaries lie on either side
+    assert (batch["sbo_left"][sel] < at).all() and (batch["sbo_right"][sel] > at).all()
+    model = obj.build_model(tiny_encoder(tok.vocab_size))
+    out = obj.loss(model, batch)
+    mlm = mlm_loss(model, batch)[0]
+    assert out.loss.item() == pytest.approx(mlm.item() + out.metrics["sbo_loss"], rel=1e-5)
+    out.loss.backward()
+    assert model.sbo.fc1.weight.grad.abs().sum() > 0 and model.sbo.positions.weight.grad.abs().sum() > 0
+    # Without SBO: the plain encoder and the MLM loss alone.
+    plain = objective("spanbert", tok, "--objective.sbo=false")
+    torch.manual_seed(0)
+    batch = plain.transform(win[:8, :65])
+    assert "sbo_left" not in batch and plain.build_model(tiny_encoder(tok.vocab_size)).sbo is None

@@ -128,6 +128,10 @@ class MaskedObjective(Objective):
             batch["input_ids"], selected, mask_id=self.mask_id, random_ids=self.random_ids,
             mask_frac=o.mask_frac, random_frac=o.random_frac, draws=draws, groups=groups,
         )  # fmt: skip
+        return self.span_targets(batch, groups)
+
+    def span_targets(self, batch: dict[str, Tensor], groups: Tensor | None) -> dict[str, Tensor]:
+        """Extra targets from the selected spans (SpanBERT's boundary objective); none here."""
         return batch
 
     # --- loss -----------------------------------------------------------------------------------------------

@@ -2,18 +2,27 @@
 
 Span lengths (in words) follow Geometric(p = 0.2) truncated at 10 (mean 3.8); 15% of the tokens are masked;
 the 80/10/10 replacement is decided per span. No NSP: single contiguous segments (§3.3), i.e. packed windows.
-The span-boundary objective (§3.2) is not implemented: the loss is the MLM loss."""
+
+Span boundary objective (§3.2): every token x_i of a masked span (x_s..x_e) is also predicted from the encoder's
+outputs at the two boundary tokens x_{s-1}, x_{e+1} and an embedding of its offset i - s in the span, through
+two GELU + LayerNorm layers and the (tied) output embeddings. Loss = L_MLM + L_SBO. The boundary head trains
+with the encoder and stays in the run's checkpoints; `lmforge.load` returns the encoder."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
+from lmforge.models import Transformer
 from lmforge.objectives import masking as M
-from lmforge.objectives.mlm import MaskedObjective, check_rates
+from lmforge.objectives.base import LossOutput
+from lmforge.objectives.mlm import MaskedObjective, check_rates, mlm_loss
 from lmforge.registry import OBJECTIVES
+from lmforge.train.checkpoint import unwrap_model
 
 
 @dataclass
@@ -30,9 +39,15 @@ class SpanBERTOptions:
     """Longest span in words (the distribution is truncated and renormalised)."""
     static: bool = False
     """Same spans for an example every epoch instead of new ones."""
+    sbo: bool = True
+    """Add the span boundary objective (§3.2); false = the MLM loss alone."""
+    sbo_positions: int = 32
+    """Offset embeddings of the boundary head: offsets within a span, in tokens; longer spans share the last."""
 
     def __post_init__(self) -> None:
         check_rates(self)
+        if self.sbo_positions < 1:
+            raise LMForgeError(f"objective.sbo_positions must be at least 1, got {self.sbo_positions}")
         if not 0.0 < self.geometric_p <= 1.0:
             raise LMForgeError(f"objective.geometric_p must be in (0, 1], got {self.geometric_p}")
         if self.max_span < 1:
@@ -45,6 +60,8 @@ class SpanBERT(MaskedObjective):
 
     name = "spanbert"
     Options = SpanBERTOptions
+    export_module = "backbone"
+    """`lmforge.load(run)` returns the encoder; the boundary head stays in the checkpoint."""
 
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)
@@ -56,3 +73,81 @@ class SpanBERT(MaskedObjective):
     def select(self, batch: dict[str, Tensor], cand: Tensor, draws: M.Draws) -> tuple[Tensor, Tensor | None]:
         starts = M.word_starts(batch["input_ids"], cand, self.word_table)
         return M.select_spans(cand, starts, self.options.mask_rate, self.length_probs, draws)
+
+    def span_targets(self, batch: dict[str, Tensor], groups: Tensor | None) -> dict[str, Tensor]:
+        if self.options.sbo and groups is not None:
+            batch["sbo_left"], batch["sbo_right"], batch["sbo_offset"] = span_boundaries(groups)
+        return batch
+
+    def build_model(self, model_cfg) -> nn.Module:
+        return SpanBERTModel(model_cfg, self.options.sbo_positions if self.options.sbo else 0)
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        mlm, n, acc, out = mlm_loss(model, batch)
+        head = unwrap_model(model).sbo
+        if head is None or "sbo_left" not in batch:
+            return LossOutput(mlm, n, {"mlm_acc": acc})
+        sel = batch["labels"] != M.IGNORE  # (B, T)
+        rows, cols = sel.nonzero(as_tuple=True)  # the N predicted tokens
+        h = out.last_hidden_state
+        left, right = h[rows, batch["sbo_left"][rows, cols]], h[rows, batch["sbo_right"][rows, cols]]
+        logits = head(left, right, batch["sbo_offset"][rows, cols], unwrap_model(model).backbone.tok_emb.weight)
+        sbo = F.cross_entropy(logits.float(), batch["labels"][sel]) if n else logits.sum() * 0.0
+        return LossOutput(mlm + sbo, n, {"mlm_acc": acc, "mlm_loss": float(mlm.detach()), "sbo_loss": float(sbo)})
+
+
+def span_boundaries(span: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per token of a span (span ids (B, L), -1 = none): the positions just before its span's first token and
+    just after its last one (clamped to the row), and its offset from the first token; 0 outside spans."""
+    B, L = span.shape
+    sel = span >= 0
+    ids = span.clamp(min=0)
+    S = int(ids.max()) + 1 if sel.any() else 1
+    pos = torch.arange(L).expand(B, L)
+    first = torch.full((B, S), L).scatter_reduce(1, ids, torch.where(sel, pos, L), "amin")
+    last = torch.full((B, S), -1).scatter_reduce(1, ids, torch.where(sel, pos, -1), "amax")
+    f, e = first.gather(1, ids), last.gather(1, ids)  # (B, L)
+    zero = torch.zeros_like(span)
+    left = torch.where(sel, (f - 1).clamp(min=0), zero)
+    right = torch.where(sel, (e + 1).clamp(max=L - 1), zero)
+    return left, right, torch.where(sel, pos - f, zero)
+
+
+class BoundaryHead(nn.Module):
+    """y_i = LN(GELU(W2 · LN(GELU(W1 · [h_{s-1}; h_{e+1}; p_{i-s}])))), scored against the output embeddings."""
+
+    def __init__(self, d_model: int, emb_dim: int, positions: int, vocab: int, eps: float) -> None:
+        super().__init__()
+        self.positions = nn.Embedding(positions, d_model)
+        self.fc1, self.norm1 = nn.Linear(3 * d_model, d_model), nn.LayerNorm(d_model, eps=eps)
+        self.fc2, self.norm2 = nn.Linear(d_model, emb_dim), nn.LayerNorm(emb_dim, eps=eps)
+        self.bias = nn.Parameter(torch.zeros(vocab))
+        nn.init.normal_(self.positions.weight, std=0.02)
+
+    def forward(self, left: Tensor, right: Tensor, offset: Tensor, embeddings: Tensor) -> Tensor:
+        """left, right: (N, d) boundary states; offset: (N,); embeddings (V, E) → (N, V) logits."""
+        p = self.positions(offset.clamp(max=self.positions.num_embeddings - 1))
+        y = self.norm1(F.gelu(self.fc1(torch.cat([left, right, p], -1))))
+        y = self.norm2(F.gelu(self.fc2(y)))
+        return F.linear(y, embeddings, self.bias)
+
+
+class SpanBERTModel(nn.Module):
+    """The encoder (`backbone`) and, with SBO, its boundary head (`sbo`); calls and `logits` go to the encoder."""
+
+    def __init__(self, cfg, positions: int) -> None:
+        super().__init__()
+        self.backbone = Transformer(cfg)
+        self.config = cfg
+        emb = cfg.embedding_dim or cfg.d_model
+        self.sbo = BoundaryHead(cfg.d_model, emb, positions, cfg.vocab_size, cfg.norm_eps) if positions else None
+
+    def forward(self, *args, **kwargs):
+        return self.backbone(*args, **kwargs)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return self.backbone.logits(h)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        extra = sum(p.numel() for p in self.sbo.parameters()) if self.sbo is not None else 0
+        return self.backbone.num_params(non_embedding) + extra
