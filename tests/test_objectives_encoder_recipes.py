@@ -70,6 +70,7 @@ def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path):
         model, _ = load(run)
         saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
         assert any(k.startswith("sbo.") for k in saved)
+        assert {"mlm_acc", "mlm_loss", "sbo_loss"} <= set([r for r in rows if "loss" in r][-1])  # logged per step
         assert torch.equal(model.encoder.blocks[0].attn.qkv.weight, saved["backbone.encoder.blocks.0.attn.qkv.weight"])
     if recipe == "bert":
         model, tok = load(run)

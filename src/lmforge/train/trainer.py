@@ -51,6 +51,7 @@ class Trainer:
         self._build_model()
         self._build_loaders()
         self.start_step = 0
+        self.parts: dict[str, float] = {}
         if self.resume:
             self._restore()
         if self.dist.is_main:
@@ -121,6 +122,7 @@ class Trainer:
             with self.autocast:
                 out = self.objective.loss(self.model, batch)
             (out.loss / self.cfg.train.grad_accum).backward()
+        self.parts = out.metrics  # the objective's own numbers (MLM accuracy, loss terms), logged with the step
         return out.loss.detach()
 
     def train_step(self) -> tuple[float, float, bool]:
@@ -251,7 +253,7 @@ class Trainer:
         if self.dist.is_main:
             # Deterministic runs also log the exact loss (the JSON value is rounded) for bitwise comparisons.
             exact = {"loss_hex": float.hex(loss)} if self.cfg.train.deterministic else {}
-            self.log.log(done, loss=loss, lr=lr, grad_norm=gnorm, tokens_per_s=tps, mfu=mfu, **exact)
+            self.log.log(done, loss=loss, lr=lr, grad_norm=gnorm, tokens_per_s=tps, mfu=mfu, **self.parts, **exact)
             self.progress.update(done, loss, lr, tps, mfu)
 
 
