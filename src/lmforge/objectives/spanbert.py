@@ -84,7 +84,7 @@ class SpanBERT(MaskedObjective):
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         mlm, n, acc, out = mlm_loss(model, batch)
-        head = unwrap_model(model).sbo
+        head = getattr(unwrap_model(model), "sbo", None)  # a bare encoder: the MLM loss alone
         if head is None or "sbo_left" not in batch:
             return LossOutput(mlm, n, {"mlm_acc": acc})
         sel = batch["labels"] != M.IGNORE  # (B, T)
@@ -103,9 +103,9 @@ def span_boundaries(span: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     sel = span >= 0
     ids = span.clamp(min=0)
     S = int(ids.max()) + 1 if sel.any() else 1
-    pos = torch.arange(L).expand(B, L)
-    first = torch.full((B, S), L).scatter_reduce(1, ids, torch.where(sel, pos, L), "amin")
-    last = torch.full((B, S), -1).scatter_reduce(1, ids, torch.where(sel, pos, -1), "amax")
+    pos = torch.arange(L, device=span.device).expand(B, L)
+    first = torch.full((B, S), L, device=span.device).scatter_reduce(1, ids, torch.where(sel, pos, L), "amin")
+    last = torch.full((B, S), -1, device=span.device).scatter_reduce(1, ids, torch.where(sel, pos, -1), "amax")
     f, e = first.gather(1, ids), last.gather(1, ids)  # (B, L)
     zero = torch.zeros_like(span)
     left = torch.where(sel, (f - 1).clamp(min=0), zero)

@@ -119,6 +119,14 @@ class Seq2Seq(Task):
             feats.append({**self.pair_feature(src, tgt), "_prompt": src})
         return feats
 
+    def prompt_features(self, dataset: Dataset, target_len: int) -> list[dict]:
+        """Features of the sources alone, for scoring or generation (decoder-only sources leave room for
+        `target_len` target tokens)."""
+        where = dataset.source or "data"
+        budget = self.max_len - (target_len if self.arch == "decoder" else 0)
+        return [{"input_ids": (src := self.source_ids(ex, budget, f"{where} example {ex.id or i}")), "_prompt": src}
+                for i, ex in enumerate(dataset.examples)]  # fmt: skip
+
     def token_logprobs(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(log P of each label token, mask of label tokens), both (B, T')."""
         out = model(batch)

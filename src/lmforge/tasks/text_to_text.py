@@ -55,11 +55,7 @@ class TextToText(Seq2Seq):
         if train:
             return super().features(dataset, train=True)
         # Evaluation: the source only; predict() pairs it with every label word.
-        longest = max(len(self.target_ids(w)) for w in self.words)
-        budget = self.max_len - (longest if self.arch == "decoder" else 0)
-        where = dataset.source or "data"
-        return [{"input_ids": (src := self.source_ids(ex, budget, f"{where} example {ex.id or i}")), "_prompt": src}
-                for i, ex in enumerate(dataset.examples)]  # fmt: skip
+        return self.prompt_features(dataset, max(len(self.target_ids(w)) for w in self.words))
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         if self.options.scoring == "generate":

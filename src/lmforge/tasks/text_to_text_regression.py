@@ -87,10 +87,7 @@ class TextToTextRegression(Seq2Seq):
     def features(self, dataset: Dataset, train: bool = False) -> list[dict]:
         if train:
             return super().features(dataset, train=True)
-        where = dataset.source or "data"
-        budget = self.max_len - (self.options.max_target_len if self.arch == "decoder" else 0)
-        return [{"input_ids": (src := self.source_ids(ex, budget, f"{where} example {ex.id or i}")), "_prompt": src}
-                for i, ex in enumerate(dataset.examples)]  # fmt: skip
+        return self.prompt_features(dataset, self.options.max_target_len)
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         texts = self.generate_batch(model, feats, self.options.num_beams, self.options.max_new_tokens)
