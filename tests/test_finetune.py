@@ -144,6 +144,34 @@ def test_bf16_precision_runs_the_steps_under_autocast(tmp_path, labelled):
     assert max(abs(a - b) for a, b in zip(losses["fp32"], losses["bf16"])) < 0.05
 
 
+def test_two_process_finetuning_equals_one_process_with_double_batch(pretrained, labelled, tmp_path):
+    common = ["--data.source=dir", f"--data.dir={labelled}", "--train.max_steps=4", "--train.log_every=1",
+              "--train.lr=2e-3", "--task.max_len=48", "--data.max_eval=32", "--model.dropout=0",
+              "--task.head_dropout=0", "--task.lm_coef=0"]  # fmt: skip
+    # (lm_coef=0: the auxiliary LM loss is a mean over tokens, which a per-rank mean only approximates.)
+    one = tmp_path / "one"
+    FineTuner(load_finetune_config("sst2-gpt", [f"--run.dir={one}", "--train.batch_size=8", *common],
+                                   init=str(pretrained))).fit()  # fmt: skip
+    two = tmp_path / "two"
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
+         "-m", "lmforge.cli", "finetune", "sst2-gpt", "--init", str(pretrained), f"--run.dir={two}",
+         "--train.batch_size=4", *common],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert ddp.stdout.count("dev (best checkpoint)") == 1  # rank 0 reports
+
+    def losses(run):
+        return [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == 4
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    dev_a, dev_b = (json.loads((r / "eval.json").read_text()) for r in (one, two))
+    assert dev_a.keys() == dev_b.keys() and abs(dev_a["accuracy"] - dev_b["accuracy"]) < 1e-9
+
+
 def test_a_finetuned_run_reloads_and_evaluates_the_same(tmp_path, labelled):
     over = small(
         tmp_path / "run",

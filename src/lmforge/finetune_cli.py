@@ -18,10 +18,14 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str]) -> 
 
     cfg = load_finetune_config(recipe or "sst2-gpt", overrides, init=init)
     tuner = FineTuner(cfg)
+    main = tuner.dist.is_main
     n = {k: len(v.examples) for k, v in tuner.splits.items()}
-    print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({cfg.data.source} {cfg.data.name}): "
-          + ", ".join(f"{k} {v}" for k, v in n.items()) + f"; {tuner.total_steps} steps")  # fmt: skip
+    if main:
+        print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({cfg.data.source} {cfg.data.name}): "
+              + ", ".join(f"{k} {v}" for k, v in n.items()) + f"; {tuner.total_steps} steps")  # fmt: skip
     final = tuner.fit()
+    if not main:  # rank 0 reports
+        return final
     line = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
     baseline = majority_baseline(tuner.splits["train"], tuner.splits["dev"])
     extra = f" (majority-class baseline: accuracy {baseline:.4f})" if baseline is not None else ""

@@ -58,6 +58,35 @@ def mean_across(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value
 
 
+def broadcast_parameters(module: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's parameters and buffers."""
+    if info.enabled:
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=0)
+
+
+def average_gradients(params: list[torch.Tensor], info: DistInfo) -> None:
+    """Replace each parameter's gradient by its mean over ranks, in one all-reduce (a missing gradient is zero)."""
+    if not info.enabled or not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat /= info.world_size
+    for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
+        p.grad = g
+
+
+def sum_across(value: float, info: DistInfo) -> float:
+    """The sum of a number over ranks."""
+    if not info.enabled:
+        return value
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t)
+
+
 def cleanup(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()

@@ -1,6 +1,11 @@
 """The fine-tuning loop: a task model on labelled splits, AdamW with linear warmup and decay, dev evaluation after
 every epoch, the best dev checkpoint kept, final metrics in RUN/eval.json.
 
+Under torchrun every rank takes its share of each batch (train.batch_size per rank) and the gradients are
+averaged over ranks before each update, so N processes train like one with an N-times larger batch (exactly
+for losses averaged over examples; a loss averaged over tokens, like GPT-1's auxiliary LM loss, is averaged per
+rank first, as under DDP); rank 0 evaluates, writes the logs and checkpoints.
+
 Writes RUN/config.yaml (the resolved fine-tuning config), RUN/metrics.jsonl (train loss, lr, dev metrics),
 RUN/checkpoints/step_N (the best checkpoint so far: task model weights, tokenizer, config) and RUN/eval.json
 (dev metrics of the best checkpoint; RUN/eval_test.json too when the test split is labelled)."""
@@ -26,7 +31,15 @@ from lmforge.tasks.examples import Dataset
 from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.model import set_dropout
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.distributed import DistInfo
+from lmforge.train.distributed import (
+    average_gradients,
+    barrier,
+    broadcast_parameters,
+    cleanup,
+    init_distributed,
+    rank_seed,
+    sum_across,
+)
 from lmforge.train.metrics import MetricsLogger, plot_metrics
 from lmforge.train.optim import build_optimizer, build_scheduler
 from lmforge.train.setup import autocast_for, pick_device
@@ -59,7 +72,8 @@ class FineTuner:
         self.run_dir = Path(cfg.run.dir)
         if (self.run_dir / ckpt.CHECKPOINTS_DIR).is_dir() and any((self.run_dir / ckpt.CHECKPOINTS_DIR).iterdir()):
             raise LMForgeError(f"run dir {self.run_dir} already has checkpoints: choose another --run.dir")
-        self.device = pick_device(t.device, DistInfo())
+        self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(t.device, self.dist)
         self.autocast = autocast_for(self.device, t.precision)
         seed_everything(cfg.run.seed)
         self.splits = load_splits(cfg.data)
@@ -71,14 +85,20 @@ class FineTuner:
         self.task = task_cls(cfg.task.options, self.tokenizer, self.labels)
         self.model = self.task.build(backbone).to(self.device)
         self.peft = apply_peft_section(self.model, cfg.peft)  # None: full fine-tuning
+        self.trainable = list({id(p): p for p in self.model.parameters() if p.requires_grad}.values())
+        if self.dist.enabled:  # one starting point, then each rank its own dropout
+            broadcast_parameters(self.model, self.dist)
+            torch.manual_seed(rank_seed(cfg.run.seed, self.dist.rank))
+        main = self.dist.is_main
         # What checkpoints hold: with PEFT from a pretrained dir, only the adapter, head and task-token rows.
         self.weights = self.model
         if self.peft is not None:
-            print(self.peft)
+            if main:
+                print(self.peft)
             if Path(cfg.model.init).exists():
                 self.weights = AdapterWeights(self.model, task_token_rows(self.tokenizer))
         self.train_features = self.task.features(self.splits["train"], train=True)
-        if self.task.n_truncated:
+        if self.task.n_truncated and main:
             print(
                 f"warning: {self.task.n_truncated} of {len(self.splits['train'].examples)} training examples are "
                 f"longer than task.max_len={self.task.max_len} tokens and were truncated (task.overlong=error "
@@ -87,7 +107,8 @@ class FineTuner:
             )
         if not self.train_features:
             raise LMForgeError("no training features: every training example was skipped")
-        per_epoch = math.ceil(len(self.train_features) / t.batch_size)
+        self.global_batch = t.batch_size * self.dist.world_size
+        per_epoch = math.ceil(len(self.train_features) / self.global_batch)
         self.total_steps = t.max_steps or per_epoch * t.epochs
         self.epochs = math.ceil(self.total_steps / per_epoch)
         sched = schedule_config(cfg, self.total_steps)
@@ -95,32 +116,51 @@ class FineTuner:
         self.scheduler = build_scheduler(self.optimizer, sched)
         self.select = t.select_metric or self.task.main_metric
         self.best: tuple[float, int] | None = None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_finetune_config(cfg, self.run_dir / ckpt.CONFIG_FILE)
-        self.log = MetricsLogger(self.run_dir, resume_step=0)  # drops lines of an attempt that died early
-        if self.peft is not None:
-            self.log.log(0, trainable_params=self.peft.trainable, total_params=self.peft.total)
+        self.log: MetricsLogger | None = None
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_finetune_config(cfg, self.run_dir / ckpt.CONFIG_FILE)
+            self.log = MetricsLogger(self.run_dir, resume_step=0)  # drops lines of an attempt that died early
+            if self.peft is not None:
+                self.log.log(0, trainable_params=self.peft.trainable, total_params=self.peft.total)
 
     def evaluate(self, split: str = "dev") -> dict[str, float]:
         with self.autocast:
             return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
 
     def _step(self, chunk: list[dict]) -> tuple[float, dict]:
-        batch = {k: v.to(self.device) for k, v in collate(chunk, self.task.pad_id).items()}
-        with self.autocast:
-            out = self.task.loss(self.model, batch)
-        loss = float(out.loss.detach())
+        """One update on a global batch; this rank computes its share (every world_size-th example)."""
+        world = self.dist.world_size
+        mine = chunk[self.dist.rank :: world]
+        local, parts = None, {}
+        if mine:
+            batch = {k: v.to(self.device) for k, v in collate(mine, self.task.pad_id).items()}
+            with self.autocast:
+                out = self.task.loss(self.model, batch)
+            local, parts = out.loss, out.metrics
+        # The batch's mean loss: each rank's mean weighted by its share (shares differ only in a last, short batch).
+        if self.dist.enabled:
+            loss = sum_across(float(local.detach()) * len(mine) if mine else 0.0, self.dist) / len(chunk)
+        else:
+            loss = float(local.detach())
         if not math.isfinite(loss):  # stop before the update: the best checkpoint on disk stays good
             raise LMForgeError("the loss became non-finite (lower train.lr or check the data)")
-        out.loss.backward()
+        if mine:
+            (local * (len(mine) * world / len(chunk))).backward()
+        average_gradients(self.trainable, self.dist)
         if self.cfg.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss, out.metrics
+        return loss, parts
 
     def _dev(self, step: int, epoch: float) -> None:
+        if self.dist.is_main:
+            self._evaluate_and_keep(step, epoch)
+        barrier(self.dist)
+
+    def _evaluate_and_keep(self, step: int, epoch: float) -> None:
         metrics = self.evaluate("dev")
         if self.select not in metrics:
             raise LMForgeError(f"train.select_metric '{self.select}' is not among the dev metrics {list(metrics)}")
@@ -136,10 +176,11 @@ class FineTuner:
             ckpt.save_checkpoint(self.run_dir, step, self.weights, config=config, tokenizer=self.tokenizer, keep_last=1)
 
     def fit(self) -> dict[str, float]:
-        """Train, keep the best dev checkpoint, reload it and write eval.json; returns its dev metrics."""
+        """Train, keep the best dev checkpoint, reload it and write eval.json; returns its dev metrics (on rank 0;
+        {} on the other ranks)."""
         t = self.cfg.train
         step, running = 0, []
-        per_epoch = math.ceil(len(self.train_features) / t.batch_size)
+        per_epoch = math.ceil(len(self.train_features) / self.global_batch)
         self.model.train()
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         if t.deterministic:
@@ -147,13 +188,14 @@ class FineTuner:
         try:
             for epoch in range(self.epochs):
                 gen = torch.Generator().manual_seed(self.cfg.run.seed * 1000 + epoch)
-                for chunk in batches(self.train_features, t.batch_size, gen):
+                for chunk in batches(self.train_features, self.global_batch, gen):
                     loss, parts = self._step(chunk)
                     step += 1
                     running.append(loss)
                     if step % t.log_every == 0 or step == self.total_steps:
-                        lr = self.scheduler.get_last_lr()[0]
-                        self.log.log(step, loss=sum(running) / len(running), lr=lr, **parts)
+                        if self.log:  # rank 0
+                            lr = self.scheduler.get_last_lr()[0]
+                            self.log.log(step, loss=sum(running) / len(running), lr=lr, **parts)
                         running = []
                     # Mid-epoch dev evaluations; the epoch's last step is evaluated below.
                     if t.eval_every and step % t.eval_every == 0 and step % per_epoch and step != self.total_steps:
@@ -164,9 +206,13 @@ class FineTuner:
                 if step >= self.total_steps:
                     break
         finally:
-            self.log.close()
+            if self.log:
+                self.log.close()
             torch.use_deterministic_algorithms(was_deterministic)
-        return self.finish()
+        final = self.finish() if self.dist.is_main else {}
+        barrier(self.dist)
+        cleanup(self.dist)
+        return final
 
     def finish(self) -> dict[str, float]:
         """Reload the best checkpoint, evaluate dev (and a labelled test split) and write eval.json."""
