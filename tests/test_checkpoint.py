@@ -18,6 +18,7 @@ from safetensors import safe_open
 from torch import nn
 
 from lmforge.errors import LMForgeError
+from lmforge.files import hash_file
 from lmforge.train import checkpoint as ck
 from lmforge.train.checkpoint import (
     latest_checkpoint,
@@ -213,7 +214,7 @@ def test_manifest_lists_every_file_with_size_and_hash(tmp_path):
     assert set(files) == {"model.safetensors", "config.yaml", "tokenizer.json", "train_state.pt"}
     for rel, entry in files.items():
         assert entry["size"] == (ckpt / rel).stat().st_size
-        assert entry["sha256"] == ck._hash_file(ckpt / rel)[1]
+        assert entry["sha256"] == hash_file(ckpt / rel)[1]
     assert verify_checkpoint(ckpt) is None
 
 

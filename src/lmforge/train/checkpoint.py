@@ -16,14 +16,11 @@ compiled, eager and DDP checkpoints are interchangeable.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import sys
-import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +32,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from lmforge.errors import LMForgeError
+from lmforge.files import fsync_dir, hash_file, load_torch_file, os_reason
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
@@ -169,7 +167,7 @@ def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
         _publish(tmp, final)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LMForgeError(f"could not {what}: {_reason(e)}") from e
+        raise LMForgeError(f"could not {what}: {os_reason(e)}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -185,7 +183,7 @@ def save_run_config(run_dir: Path, config: dict) -> Path:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise LMForgeError(f"could not write {path}: {_reason(e)}") from e
+        raise LMForgeError(f"could not write {path}: {os_reason(e)}") from e
     return path
 
 
@@ -212,7 +210,7 @@ def _write_contents(
             torch.save(train_state, f)
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        size, digest = _hash_file(path, fsync=True)
+        size, digest = hash_file(path, fsync=True)
         files[path.relative_to(tmp).as_posix()] = {"size": size, "sha256": digest}
     manifest = json.dumps({"format": 1, "step": step, "files": files}, indent=1)
     with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
@@ -220,8 +218,8 @@ def _write_contents(
         f.flush()
         os.fsync(f.fileno())
     for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_dir(d)
-    _fsync_dir(tmp)
+        fsync_dir(d)
+    fsync_dir(tmp)
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -236,7 +234,7 @@ def _publish(tmp: Path, final: Path) -> None:
         if old is not None:
             os.replace(old, final)
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -248,7 +246,7 @@ def _prune(root: Path, step: int, keep_last: int) -> None:
         try:
             shutil.rmtree(ckpt)
         except OSError as e:
-            print(f"warning: could not delete old checkpoint {ckpt}: {_reason(e)}", file=sys.stderr)
+            print(f"warning: could not delete old checkpoint {ckpt}: {os_reason(e)}", file=sys.stderr)
 
 
 def _remove_stale_scratch(root: Path) -> None:
@@ -329,10 +327,10 @@ def verify_checkpoint(ckpt: Path) -> str | None:
             return f"{rel} has {actual} bytes, the manifest says {size}"
     for rel, (_, digest) in files.items():
         try:
-            if _hash_file(ckpt / rel)[1] != digest:
+            if hash_file(ckpt / rel)[1] != digest:
                 return f"{rel} does not match its sha256 in the manifest"
         except OSError as e:
-            return f"cannot read {rel}: {_reason(e)}"
+            return f"cannot read {rel}: {os_reason(e)}"
     return None
 
 
@@ -436,15 +434,7 @@ def load_train_state(ckpt: Path) -> dict:
     path = Path(ckpt) / TRAIN_STATE_FILE
     if not path.is_file():
         raise LMForgeError(f"no {TRAIN_STATE_FILE} in {ckpt}")
-    # torch.save writes a zip archive; anything else is damaged (torch would report it as unsafe pickle).
-    if not zipfile.is_zipfile(path):
-        raise LMForgeError(f"could not read {path}: not a torch.save archive")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise LMForgeError(f"refusing to load {path}: it holds objects other than tensors and plain data") from e
-    except (OSError, RuntimeError, EOFError) as e:
-        raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+    state = load_torch_file(path)
     if not isinstance(state, dict):
         raise LMForgeError(f"{path} does not hold a dict")
     return state
@@ -472,33 +462,3 @@ def _write_yaml(path: Path, config: dict) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
-    """(size, sha256 hex) of a file; with ``fsync`` its data is also forced to disk."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return size, h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    """Persist a directory's entries (renames, new files); not possible on Windows."""
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.errno is not None:
-        return os.strerror(e.errno)
-    return str(e) or type(e).__name__

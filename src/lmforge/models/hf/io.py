@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import pickle
 import tempfile
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge.errors import LMForgeError
+from lmforge.files import load_torch_file
 from lmforge.models.hf.base import Converter, StateDict, converter_for, converter_of
 from lmforge.models.model import Transformer
 
@@ -50,15 +48,7 @@ def read_hf_config(hf_dir: Path) -> dict:
 
 
 def _load_bin(path: Path) -> StateDict:
-    # weights_only=True: a pickle can run code, so only tensors and plain containers are accepted.
-    if not zipfile.is_zipfile(path):
-        raise LMForgeError(f"could not read {path}: not a torch.save archive")
-    try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise LMForgeError(f"refusing to load {path}: it holds objects other than tensors") from e
-    except (OSError, RuntimeError, EOFError) as e:
-        raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+    sd = load_torch_file(path, holds="tensors")
     if not isinstance(sd, dict):
         raise LMForgeError(f"{path} does not hold a state dict")
     return sd
