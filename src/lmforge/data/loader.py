@@ -54,6 +54,18 @@ def open_tokens(data_dir: Path, split: Split, meta: dict | None = None) -> np.me
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
 
 
+def resume_position(loader, state: dict, keys: tuple[str, ...]) -> tuple[int, int]:
+    """The (epoch, batch) of a loader's saved `state`, after checking that its `keys` match `loader`'s and the
+    position lies inside an epoch of `loader.batches_per_epoch` batches."""
+    for key in keys:
+        if key in state and int(state[key]) != getattr(loader, key):
+            raise LMForgeError(f"cannot resume data loader: {key} was {state[key]}, now {getattr(loader, key)}")
+    epoch, batch = int(state["epoch"]), int(state["batch"])
+    if not (epoch >= 0 and 0 <= batch < loader.batches_per_epoch):
+        raise LMForgeError(f"cannot resume data loader: bad position epoch={epoch} batch={batch}")
+    return epoch, batch
+
+
 class TokenLoader:
     """Infinite iterator of (batch_size, seq_len + 1) int64 token windows for one rank."""
 
@@ -127,13 +139,8 @@ class TokenLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where ``state`` was taken (the world size may change, the global batch not)."""
-        for key in ("seed", "seq_len", "global_batch", "n_windows"):
-            if key in state and int(state[key]) != getattr(self, key):
-                raise LMForgeError(f"cannot resume data loader: {key} was {state[key]}, now {getattr(self, key)}")
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not (epoch >= 0 and 0 <= batch < self.batches_per_epoch):
-            raise LMForgeError(f"cannot resume data loader: bad position epoch={epoch} batch={batch}")
-        self.epoch, self.batch, self._perm = epoch, batch, None
+        self.epoch, self.batch = resume_position(self, state, ("seed", "seq_len", "global_batch", "n_windows"))
+        self._perm = None
 
     def eval_batches(self, max_batches: int | None = None) -> Iterator[torch.Tensor]:
         """Windows in stream order (no shuffle), this rank's rows of each global batch.

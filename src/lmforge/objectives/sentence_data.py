@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmforge.data.loader import open_tokens, read_meta
+from lmforge.data.loader import open_tokens, read_meta, resume_position
 from lmforge.errors import LMForgeError
 
 _FINAL = set(".!?")
@@ -165,13 +165,8 @@ class ChunkLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where `state` was taken (the world size may change, the global batch not)."""
-        for key in ("seed", "seq_len", "global_batch", "n_examples"):
-            if key in state and int(state[key]) != getattr(self, key):
-                raise LMForgeError(f"cannot resume data loader: {key} was {state[key]}, now {getattr(self, key)}")
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not (epoch >= 0 and 0 <= batch < self.batches_per_epoch):
-            raise LMForgeError(f"cannot resume data loader: bad position epoch={epoch} batch={batch}")
-        self.epoch, self.batch, self._perm = epoch, batch, None
+        self.epoch, self.batch = resume_position(self, state, ("seed", "seq_len", "global_batch", "n_examples"))
+        self._perm = None
 
     def eval_batches(self, max_batches: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
         """Chunks in stream order, this rank's rows of each global batch, the same examples on every call."""
