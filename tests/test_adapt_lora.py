@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adapt_testing import FAMILIES, run, tiny
 from torch import nn
 
 from lmforge.adapt import (
@@ -20,26 +21,6 @@ from lmforge.adapt import (
 )
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
-
-V = 120
-FAMILIES = ["gpt-tiny", "bert-tiny", "t5-tiny"]
-
-
-def tiny(name: str, seed: int = 0, **kw) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(get_preset(name, vocab_size=V, dropout=0.0, attn_dropout=0.0, **kw)).eval()
-
-
-def run(model: nn.Module, seed: int = 0) -> torch.Tensor:
-    """Last hidden states of a padded batch (the decoder's for encoder-decoders)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, V, (2, 9), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    kw = {}
-    if model.config.arch == "encoder-decoder":
-        kw["decoder_input_ids"] = torch.randint(4, V, (2, 5), generator=g)
-    return model(ids, mask, **kw).last_hidden_state
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from adapt_testing import FAMILIES, V, forward, tiny
 from safetensors import safe_open
 from torch import nn
 
@@ -20,12 +21,9 @@ from lmforge.adapt import (
     trainable_parameters,
 )
 from lmforge.errors import LMForgeError
-from lmforge.models import Transformer, get_preset
 from lmforge.tasks.heads import SequenceHead
 from lmforge.tasks.model import TaskModel
 
-V = 120
-FAMILIES = ["gpt-tiny", "bert-tiny", "t5-tiny"]
 METHODS = ["lora", "houlsby", "pfeiffer", "prefix", "prompt", "topk", "adamix"]
 SMALL = {
     "lora": {"rank": 4},
@@ -48,21 +46,9 @@ OWN = {
 }
 
 
-def tiny(name: str, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(get_preset(name, vocab_size=V, dropout=0.0, attn_dropout=0.0)).eval()
-
-
 def run(model: nn.Module, seed: int = 0) -> torch.Tensor:
     """Every output of a padded batch (hidden states, logits, pooler, NSP logits), flattened into one vector."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, V, (2, 9), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    kw = {}
-    if model.config.arch == "encoder-decoder":
-        kw["decoder_input_ids"] = torch.randint(4, V, (2, 5), generator=g)
-    out = model(ids, mask, **kw)
+    out = forward(model, seed)
     parts = (out.last_hidden_state, out.logits, out.pooled, out.nsp_logits)
     return torch.cat([t.flatten() for t in parts if t is not None])
 
