@@ -41,6 +41,7 @@ def test_each_token_has_one_max_context_window():
     # Every token is claimed by exactly one window.
     owners = [k for k, (w0, w1) in enumerate(windows(8, 4, 2)) for p, f in zip(range(w0, w1), flags[k]) if f]
     assert len(owners) == 8
+    assert max_context(windows(0, 4, 2)) == [[]]  # an empty context has one empty window
 
 
 def test_best_spans_starts_only_where_allowed():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -66,14 +67,13 @@ def windows(n_tokens: int, size: int, stride: int) -> list[tuple[int, int]]:
 def max_context(spans: list[tuple[int, int]]) -> list[list[bool]]:
     """Per window, per token of it: is this the window where the token has the most context on both sides?
     Score min(left, right) + 0.01 · window length; the first window wins a tie (BERT's run_squad.py)."""
-    n = max(w1 for _, w1 in spans)
-    best = [(-1.0, -1)] * n
-    for k, (w0, w1) in enumerate(spans):
-        for p in range(w0, w1):
-            score = min(p - w0, w1 - 1 - p) + 0.01 * (w1 - w0)
-            if score > best[p][0]:
-                best[p] = (score, k)
-    return [[best[p][1] == k for p in range(w0, w1)] for k, (w0, w1) in enumerate(spans)]
+    w0, w1 = (np.array(x)[:, None] for x in zip(*spans))  # (K, 1) window starts and ends
+    if w1.max() == 0:  # an empty context
+        return [[] for _ in spans]
+    p = np.arange(int(w1.max()))[None, :]  # (1, n) token positions
+    score = np.minimum(p - w0, w1 - 1 - p) + 0.01 * (w1 - w0)  # (K, n)
+    owner = np.where((p >= w0) & (p < w1), score, -np.inf).argmax(0)  # (n,) argmax keeps the first of equals
+    return [(owner[a:b] == k).tolist() for k, (a, b) in enumerate(spans)]
 
 
 def best_spans(
