@@ -19,6 +19,7 @@ from lmforge.config import build_config
 from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives import OBJECTIVES, Objective
+from lmforge.objectives.losses import cross_entropy
 from lmforge.registry import MODELS
 from lmforge.train.metrics import flops_per_token
 
@@ -82,8 +83,8 @@ def require_available(name: str, spec: BenchModel, preset: str | None = None) ->
 
 
 def _ce(logits: Tensor, labels: Tensor) -> Tensor:
-    # Mean NLL over labelled tokens, as the CausalLM objective computes it; cross_entropy runs in float32 under
-    # bf16 autocast (logits (..., V) → (N, V)).
+    # The Hugging Face side's loss: mean NLL over labelled tokens with torch's cross_entropy, which runs in float32
+    # under bf16 autocast (logits (..., V) → (N, V)). The lmforge side uses lmforge's own `cross_entropy`.
     return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100)
 
 
@@ -146,7 +147,7 @@ def _mlm_lmforge(model: nn.Module, batch: Batch) -> Tensor:
     h = model(batch["input_ids"], return_logits=False).last_hidden_state  # (B, T, d)
     selected = batch["labels"] != -100
     # The MLM head runs on the masked positions only: (n_masked, d) → (n_masked, V).
-    return _ce(model.logits(h[selected]), batch["labels"][selected])
+    return cross_entropy(model.logits(h[selected]), batch["labels"][selected])  # lmforge's, as the MLM objective
 
 
 def _mlm_hf(model: nn.Module, batch: Batch) -> Tensor:
@@ -189,7 +190,7 @@ def _span_batch(cfg: ModelConfig, batch: int, seq: int, g: torch.Generator) -> B
 
 
 def _span_lmforge(model: nn.Module, batch: Batch) -> Tensor:
-    return _ce(model(batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits, batch["labels"])
+    return cross_entropy(model(batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits, batch["labels"])
 
 
 def _span_hf(model: nn.Module, batch: Batch) -> Tensor:

@@ -43,7 +43,7 @@ def markdown_table(results: dict) -> str:
     ratio = {(r["model"], r["compile"]): r["tokens_per_s"] for r in results["ratios"]}
     lines = [
         f"{env['device_name']} · torch {env['torch']} · transformers {env['transformers']} · {env['dtype']} · "
-        f"{env['steps']} timed steps after {env['warmup']} warmup",
+        f"{env['steps']} timed steps after {env['warmup']} warmup · compile mode {env.get('compile_mode', 'default')}",
         "",
         "| model | impl | compile | B×T | tokens/s | MFU | peak mem (GiB) | step (ms) | loss @ step 0 | lmforge/HF |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",

@@ -51,10 +51,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     p.add_argument("--compile", choices=["both", "on", "off"], default="both", help="torch.compile variants")
     p.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        default="default",
+        help="torch.compile mode of the compiled variants, the same for both implementations (reduce-overhead: CUDA "
+        "graphs, for steps bound by kernel launches)",
+    )
+    p.add_argument(
         "--impls", nargs="+", choices=["lmforge", "hf"], default=["lmforge", "hf"], help="implementations, in run order"
     )
     p.add_argument("--device", help="cuda (default when available) or cpu")
-    p.add_argument("--profile", action="store_true", help="print each variant's 15 costliest ops over 3 more steps")
+    p.add_argument("--profile", action="store_true", help="print each variant's 25 costliest ops over 3 more steps")
     p.add_argument("--dtype", choices=["bf16", "fp32"], help="bf16 autocast (default on cuda) or fp32 (cpu)")
     p.add_argument("--dropout", type=float, help="dropout and attention dropout for both sides (default: the preset's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch")
@@ -117,15 +124,16 @@ def measure(spec: BenchModel, impl: Impl, compiled: bool, refs: dict[str, nn.Mod
     batch = {k: v.to(device) for k, v in batch.items()}
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-4, fused=True)
     step = LossStep(model, spec.loss.lmforge if impl == "lmforge" else spec.loss.hf)
-    run = torch.compile(step) if compiled else step
+    run = torch.compile(step, mode=args.compile_mode) if compiled else step
 
     def train_step() -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: CUDA-graph outputs of the last one may be reused
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
             loss = run(batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach().clone()  # a copy: a CUDA-graph replay overwrites its outputs
 
     out["loss_step0"] = train_step().item()  # before any update: equal weights and batch give equal losses
     for _ in range(args.warmup - 1):
@@ -161,7 +169,7 @@ def print_profile(train_step, device: torch.device, steps: int = 3) -> None:
             train_step()
         _sync(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=70), flush=True)
+    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=90), flush=True)
 
 
 def _free(device: torch.device, compiled: bool) -> None:
@@ -251,6 +259,7 @@ def environment(args) -> dict:
         "warmup": args.warmup,
         "seed": args.seed,
         "dropout": args.dropout,
+        "compile_mode": args.compile_mode,
     }
 
 

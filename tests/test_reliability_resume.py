@@ -278,10 +278,11 @@ def test_malicious_config_yaml_of_a_checkpoint_is_refused_and_never_runs(prepare
 
 @pytest.mark.slow
 def test_checkpoint_of_a_compiled_run_resumes_in_eager(prepared, tmp_path, capsys):
-    """A `--train.compile` run's checkpoint has plain keys and continues in eager mode like an eager run's."""
+    """A `--train.compile` run's checkpoint has plain keys and continues in eager mode like an eager run's (the CUDA-graph
+    mode runs on CPU too, without graphs)."""
     compiled, eager = tmp_path / "compiled", tmp_path / "eager"
     extra = ["--train.save_every=2", "--train.eval_every=100", "--train.max_steps=2"]
-    rc, err = cli(capsys, *common(prepared, compiled, *extra), "--train.compile")
+    rc, err = cli(capsys, *common(prepared, compiled, *extra), "--train.compile", "--train.compile_mode=reduce-overhead")
     assert rc == 0, err
     assert cli(capsys, *common(prepared, eager, *extra))[0] == 0
     ckpt = compiled / "checkpoints" / "step_2"

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput, Objective
+from lmforge.objectives.losses import cross_entropy
 from lmforge.registry import OBJECTIVES
 from lmforge.train.checkpoint import unwrap_model
 
@@ -158,12 +158,12 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, f
     labels = batch["labels"]
     sel = labels != M.IGNORE  # (B, T)
     h = out.last_hidden_state[sel]  # (N, d_model)
-    logits = unwrap_model(model).logits(h).float()  # (N, V)
+    logits = unwrap_model(model).logits(h)  # (N, V)
     n = int(sel.sum())
     if n == 0:  # nothing selected (e.g. rows of special tokens only): a zero loss that keeps the graph
         return logits.sum() * 0.0, 0, 0.0, out
     target = labels[sel]
-    loss = F.cross_entropy(logits, target)
+    loss = cross_entropy(logits, target)
     acc = float((logits.argmax(-1) == target).float().mean())
     return loss, n, acc, out
 

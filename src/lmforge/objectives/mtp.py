@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput, Objective
+from lmforge.objectives.losses import cross_entropy
 from lmforge.registry import OBJECTIVES
 
 
@@ -56,9 +56,9 @@ class MultiTokenPrediction(Objective):
         """Mean cross-entropy per depth: [next token, token t+2, ..., token t+1+D] (only the first when not extra)."""
         labels = batch["labels"]  # (B, T)
         out = model(batch["input_ids"], mtp=extra)
-        losses = [F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)]
+        losses = [cross_entropy(out.logits, labels)]
         for k, logits in enumerate(out.mtp_logits or [], start=1):  # (B, T - k, V) against labels[:, k:]
-            losses.append(F.cross_entropy(logits.flatten(0, 1), labels[:, k:].flatten(), ignore_index=-100))
+            losses.append(cross_entropy(logits, labels[:, k:]))
         return losses
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:

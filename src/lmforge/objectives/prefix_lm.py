@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput, Objective
+from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.rng import with_fixed_noise
 from lmforge.registry import OBJECTIVES
 
@@ -84,5 +84,5 @@ class PrefixLM(Objective):
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         logits = model(batch["input_ids"], prefix_len=batch["prefix_len"]).logits  # (B, T, V)
         labels = batch["labels"]
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+        loss = cross_entropy(logits, labels, IGNORE)
         return LossOutput(loss, int((labels != IGNORE).sum()))

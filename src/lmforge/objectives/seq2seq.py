@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.objectives.base import LossOutput
+from lmforge.objectives.losses import cross_entropy
 
 IGNORE = -100
 """Label value cross-entropy skips (padding)."""
@@ -86,7 +87,7 @@ def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
     """Mean cross-entropy of the decoder's predictions over the non-padding labels."""
     out = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=batch["decoder_input_ids"])
     labels = batch["labels"]
-    loss = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    loss = cross_entropy(out.logits, labels, IGNORE)
     return LossOutput(loss, int((labels != IGNORE).sum()))
 
 

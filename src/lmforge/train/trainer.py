@@ -68,7 +68,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.train, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
         if cfg.train.compile:
-            self.model = torch.compile(self.model)
+            self.model = torch.compile(self.model, mode=cfg.train.compile_mode)
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.model, device_ids=ids)
@@ -114,6 +114,7 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------------------------------
 
     def _micro_step(self, last: bool) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()  # with CUDA graphs: the last replay's outputs may be reused
         batch = self.objective.transform(next(self.train_iter))
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         # DDP: all-reduce gradients only on the last micro-batch of an accumulation.
