@@ -316,3 +316,29 @@ def test_fault_injection_spec():
         assert str(e.value) == (
             f"LMFORGE_FAULT_SLEEP: expected POINT:SECONDS with POINT one of eval, checkpoint, got {bad!r}"
         )
+
+
+# --- continued pretraining -----------------------------------------------------------------------------------------
+
+
+def test_run_init_continues_from_a_run_with_its_model_and_tokenizer(prepared, tmp_path, capsys):
+    """`--run.init=RUN` starts from RUN's latest weights, model config and tokenizer (here with lr 0, so its first
+    checkpoint holds exactly those weights); optimizer and steps start afresh; a missing path is one clear line."""
+    tok, data = prepared
+    first, second = tmp_path / "first", tmp_path / "second"
+    rc, err = cli(capsys, *common(prepared, first, "--train.max_steps=2", "--train.save_every=2"))
+    assert rc == 0, err
+    base = ["pretrain", "gpt", f"--run.dir={second}", f"--data.prepared={data}", *TINY[2:]]  # no preset, no tokenizer
+    rc, err = cli(capsys, *base, f"--run.init={first}", "--train.max_steps=1", "--train.save_every=1", "--train.lr=0")
+    assert rc == 0, err
+    assert f"initialised from {first / 'checkpoints' / 'step_2'}" in err
+    saved = yaml.safe_load((second / "config.yaml").read_text())
+    assert saved["model"] == yaml.safe_load((first / "config.yaml").read_text())["model"]
+    assert saved["model"]["name"] == "gpt-tiny" and saved["data"]["tokenizer"] == str(first / "checkpoints" / "step_2")
+    before, after = ck.read_weights(first / "checkpoints" / "step_2"), ck.read_weights(second / "checkpoints" / "step_1")
+    assert before.keys() == after.keys()
+    for k in before:
+        torch.testing.assert_close(after[k], before[k], rtol=0, atol=0)
+    assert [r["step"] for r in train_rows(second)] == [1]
+    rc, err = cli(capsys, *base, f"--run.dir={tmp_path / 'third'}", f"--run.init={tmp_path / 'missing'}")
+    assert rc != 0 and err.strip().count("\n") == 0 and "run.init" in err and "does not exist" in err

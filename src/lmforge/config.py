@@ -25,6 +25,10 @@ class RunConfig:
     dir: str = "runs/demo"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/, plots/."""
     seed: int = 0
+    init: str | None = None
+    """Continue pretraining from this run's latest checkpoint (or this checkpoint dir): domain- or task-adaptive
+    pretraining on new data. Its model section replaces model.*, and its tokenizer is used unless data.tokenizer
+    names one; the optimizer, schedule and data start afresh."""
 
 
 @dataclass

@@ -59,6 +59,28 @@ def _training_texts(paths: list[Path] | None) -> list[str]:
     return load_default_corpus() if paths is None else list(read_documents(paths))
 
 
+def apply_init(cfg: Config) -> Path | None:
+    """run.init's checkpoint, with its model config (and tokenizer, unless data.tokenizer is set) put into cfg."""
+    from lmforge.api import model_config_from_dict
+    from lmforge.train import checkpoint as ckpt
+
+    if not cfg.run.init:
+        return None
+    path = Path(cfg.run.init)
+    if not path.exists():
+        raise LMForgeError(f"run.init: {path} does not exist")
+    c = ckpt.latest_checkpoint(path)
+    saved = ckpt.read_config(c)
+    if not isinstance(saved.get("model"), dict):
+        raise LMForgeError(f"run.init: {c}/config.yaml has no model section")
+    cfg.model = model_config_from_dict(saved["model"])
+    if not cfg.data.tokenizer:
+        if not (c / "tokenizer.json").is_file():
+            raise LMForgeError(f"run.init: {c} holds no tokenizer.json; pass --data.tokenizer")
+        cfg.data.tokenizer = str(c)
+    return c
+
+
 def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
     """The run's tokenizer: data.tokenizer if given, else one trained on the inputs (rank 0) and saved in the run."""
     from lmforge.tokenizers import Tokenizer, train_tokenizer

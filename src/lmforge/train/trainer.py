@@ -23,7 +23,14 @@ from lmforge.train.metrics import mfu as compute_mfu
 from lmforge.train.optim import build_optimizer, build_scheduler
 from lmforge.train.resume import resume_checkpoint
 from lmforge.train.rng_state import capture_rng_state, restore_rng_state
-from lmforge.train.setup import autocast_for, check_vocab, load_or_train_tokenizer, pick_device, prepare_data
+from lmforge.train.setup import (
+    apply_init,
+    autocast_for,
+    check_vocab,
+    load_or_train_tokenizer,
+    pick_device,
+    prepare_data,
+)
 
 
 class Trainer:
@@ -40,6 +47,7 @@ class Trainer:
         # rank would mask the same positions of its batch. Rank 0 keeps run.seed (a one-process run's stream) and
         # DDP gives every rank rank 0's initial weights.
         torch.manual_seed(rank_seed(cfg.run.seed, self.dist.rank))
+        self.init_from = apply_init(cfg)  # before the config is saved or compared: it sets model.* and the tokenizer
         self.faults = Faults()  # test-only pauses (LMFORGE_FAULT_SLEEP); read once, here
         self.resume_from = resume_checkpoint(self.run_dir, to_dict(cfg), resume, self.dist.is_main)
         self.resume = self.resume_from is not None
@@ -65,6 +73,10 @@ class Trainer:
         cfg = self.cfg
         self.model = self.objective.build_model(cfg.model).to(self.device)
         self.raw_model = self.model
+        if self.init_from is not None and not self.resume:  # a resumed run's checkpoint holds newer weights
+            ckpt.load_weights(self.init_from, self.model)
+            if self.dist.is_main:
+                print(f"initialised from {self.init_from}", file=sys.stderr)
         self.optimizer = build_optimizer(self.model, cfg.train, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
         if cfg.train.compile:
