@@ -190,7 +190,8 @@ def _span_batch(cfg: ModelConfig, batch: int, seq: int, g: torch.Generator) -> B
 
 
 def _span_lmforge(model: nn.Module, batch: Batch) -> Tensor:
-    return cross_entropy(model(batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits, batch["labels"])
+    logits = model(batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits
+    return cross_entropy(logits, batch["labels"])
 
 
 def _span_hf(model: nn.Module, batch: Batch) -> Tensor:

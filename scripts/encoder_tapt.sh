@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Does the pretrained encoder help on sentiment? The rotary RoBERTa-style encoder of scripts/finetune_study.sh,
 # pretrained on the real corpus, then (task-adaptive pretraining, Gururangan et al. 2020) MLM continued on the
-# sentiment set's training texts only (`--run.init`); fine-tuned (mean pooling) against the random-init encoder
-# ([CLS] and mean pooling), each over SEEDS. One GPU, ~8 minutes. Inputs as scripts/finetune_study.sh.
+# sentiment set's training texts only (`--run.init`); both fine-tuned (mean pooling) against the random-init encoder
+# ([CLS] pooling), each with every seed of SEEDS. One GPU, ~8 minutes. Inputs as scripts/finetune_study.sh.
 # Output: one JSON line per fine-tuning run in $OUT/tapt.jsonl.
 set -euo pipefail
 CORPUS=${CORPUS:-.cache/gpu/corpus} TOK=${TOK:-.cache/gpu/tok} OUT=${OUT:-runs/tapt} W=${W:-/tmp/tapt}
 PRESET=${PRESET:-roberta-small-rope} STEPS=${STEPS:-2000} TAPT_STEPS=${TAPT_STEPS:-600} SEEDS=${SEEDS:-"0 1"}
-JOBS=${JOBS:-3}
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"
 mkdir -p "$OUT" "$W"
 lm() { python -m lmforge.cli "$@"; }
@@ -43,6 +42,5 @@ for seed in $SEEDS; do
   ft tapt-mean "$W/tapt" encoder_mean "$seed" &
   ft pre-mean "$W/bert" encoder_mean "$seed" &
   ft scratch-cls none bert "$seed" &
-  [ "$JOBS" -gt 3 ] && ft scratch-mean none encoder_mean "$seed" &
   wait
 done

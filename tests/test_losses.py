@@ -1,12 +1,11 @@
 """The aligned LM-head loss and lmforge's cross-entropy equal F.cross_entropy over the unpadded vocabulary, in value
 and gradients."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from lmforge.models import Transformer, get_preset
-import pytest
-
 from lmforge.objectives.losses import aligned_head_logits, cross_entropy, lm_head_loss
 
 

@@ -278,11 +278,12 @@ def test_malicious_config_yaml_of_a_checkpoint_is_refused_and_never_runs(prepare
 
 @pytest.mark.slow
 def test_checkpoint_of_a_compiled_run_resumes_in_eager(prepared, tmp_path, capsys):
-    """A `--train.compile` run's checkpoint has plain keys and continues in eager mode like an eager run's (the CUDA-graph
-    mode runs on CPU too, without graphs)."""
+    """A `--train.compile` run's checkpoint has plain keys and continues in eager mode like an eager run's (the
+    CUDA-graph mode runs on CPU too, without graphs)."""
     compiled, eager = tmp_path / "compiled", tmp_path / "eager"
     extra = ["--train.save_every=2", "--train.eval_every=100", "--train.max_steps=2"]
-    rc, err = cli(capsys, *common(prepared, compiled, *extra), "--train.compile", "--train.compile_mode=reduce-overhead")
+    graphs = ["--train.compile", "--train.compile_mode=reduce-overhead"]
+    rc, err = cli(capsys, *common(prepared, compiled, *extra), *graphs)
     assert rc == 0, err
     assert cli(capsys, *common(prepared, eager, *extra))[0] == 0
     ckpt = compiled / "checkpoints" / "step_2"
@@ -335,7 +336,8 @@ def test_run_init_continues_from_a_run_with_its_model_and_tokenizer(prepared, tm
     saved = yaml.safe_load((second / "config.yaml").read_text())
     assert saved["model"] == yaml.safe_load((first / "config.yaml").read_text())["model"]
     assert saved["model"]["name"] == "gpt-tiny" and saved["data"]["tokenizer"] == str(first / "checkpoints" / "step_2")
-    before, after = ck.read_weights(first / "checkpoints" / "step_2"), ck.read_weights(second / "checkpoints" / "step_1")
+    before = ck.read_weights(first / "checkpoints" / "step_2")
+    after = ck.read_weights(second / "checkpoints" / "step_1")
     assert before.keys() == after.keys()
     for k in before:
         torch.testing.assert_close(after[k], before[k], rtol=0, atol=0)

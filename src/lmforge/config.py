@@ -86,7 +86,8 @@ class TrainConfig:
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
-    launches (small batches, many layers: T5-base at 16×512 runs 1.4× faster on an H200)."""
+    launches (small batches, many layers: compiled T5-base at 16×512 on an H200 gives 291k tokens/s with them,
+    166k–235k without)."""
     device: str = "auto"
     deterministic: bool = False
     """Deterministic algorithms (bitwise-reproducible CPU runs)."""
