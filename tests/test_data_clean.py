@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from lmforge.data.clean import CleanConfig, NearDuplicateIndex, clean_documents, count_sentences
+from lmforge.data.clean import CleanConfig, NearDuplicateIndex, clean_documents, count_sentences, word_ngrams
 
 GOOD = [
     "The river ran quietly past the old mill at dawn.",
@@ -101,3 +101,12 @@ def test_minhash_similarity_tracks_jaccard() -> None:
     a, b = " ".join(_words(300, 21)), " ".join(_words(300, 22))
     assert index.similarity(a, a) == 1.0
     assert index.similarity(a, b) < 0.1
+
+
+def test_word_ngrams_lowercase_words_only() -> None:
+    assert word_ngrams("One of the BEST, films!", 3) == {
+        ("one", "of", "the"),
+        ("of", "the", "best"),
+        ("the", "best", "films"),
+    }
+    assert word_ngrams("too short", 3) == set()

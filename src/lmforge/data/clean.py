@@ -66,6 +66,13 @@ def count_sentences(text: str) -> int:
     return len(_SENTENCE_END.findall(text))
 
 
+def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    """The lower-cased word n-grams of ``text`` (words: runs of letters and digits), for overlap checks of a
+    pretraining corpus against held-out evaluation texts (as GPT-3's 13-gram decontamination, with any n)."""
+    words = _WORD.findall(text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
 def clean_lines(doc: str, cfg: CleanConfig, counts: dict[str, int]) -> str:
     """Apply the C4 line rules to ``doc``; blank lines are dropped without being counted."""
     kept = []

