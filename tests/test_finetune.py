@@ -77,6 +77,7 @@ def test_every_bundled_recipe_loads():
         ("--task.type=clasification", "unknown task 'clasification' — did you mean 'classification'?"),
         ("--train.batch_size=0", "train.batch_size must be positive, got 0"),
         ("--train.warmup_ratio=1.5", "train.warmup_ratio must be in [0, 1), got 1.5"),
+        ("--train.layer_decay=0", "train.layer_decay must be in (0, 1], got 0"),
     ],
 )
 def test_bad_config_is_one_clear_error(override, message):

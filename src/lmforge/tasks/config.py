@@ -84,6 +84,9 @@ class FtTrainConfig:
     warmup_ratio: float = 0.002
     """Linear warmup over this fraction of the steps (GPT-1: 0.2%; BERT: 10%), then linear decay to 0."""
     weight_decay: float = 0.01
+    layer_decay: float = 1.0
+    """Layer-wise learning-rate decay (ELECTRA: 0.8 for small and base models): layer l of L learns at
+    lr · layer_decay^(L + 1 − l), the embeddings at lr · layer_decay^(L + 1), the head at lr (1.0 = off)."""
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -143,6 +146,8 @@ def _validate(cfg: FinetuneConfig) -> None:
             raise LMForgeError(f"train.{name} must be positive, got {getattr(t, name)}")
     if t.max_steps is not None and t.max_steps <= 0:
         raise LMForgeError(f"train.max_steps must be positive or null, got {t.max_steps}")
+    if not 0 < t.layer_decay <= 1:
+        raise LMForgeError(f"train.layer_decay must be in (0, 1], got {t.layer_decay}")
     if not 0 <= t.warmup_ratio < 1:
         raise LMForgeError(f"train.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
     if t.lr <= 0:

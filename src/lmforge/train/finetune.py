@@ -112,7 +112,7 @@ class FineTuner:
         self.total_steps = t.max_steps or per_epoch * t.epochs
         self.epochs = math.ceil(self.total_steps / per_epoch)
         sched = schedule_config(cfg, self.total_steps)
-        self.optimizer = build_optimizer(self.model, sched, self.device)
+        self.optimizer = build_optimizer(self.model, sched, self.device, t.layer_decay)
         self.scheduler = build_scheduler(self.optimizer, sched)
         self.select = t.select_metric or self.task.main_metric
         self.best: tuple[float, int] | None = None

@@ -1,30 +1,71 @@
-"""AdamW with decoupled weight decay on matrices only, and the warmup + decay learning-rate schedule."""
+"""AdamW with decoupled weight decay on matrices only (optionally layer-wise learning rates), and the warmup +
+decay learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
 
 from lmforge.config import TrainConfig
 
+_BLOCK = re.compile(r"(?:^|\.)(encoder|decoder)\.blocks\.(\d+)\.")
+_STACK = re.compile(r"(?:^|\.)(encoder|decoder)\.")
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay linear weights; not norms, biases or embedding tables (GPT-2/nanoGPT practice)."""
+
+def layer_depths(model: nn.Module) -> tuple[dict[str, int], int]:
+    """(parameter name → depth, L): the embeddings (and what a stack holds outside its blocks, but its final norm)
+    are depth 0, the blocks 1..L in the order the input meets them (an encoder-decoder's encoder first), everything
+    after the last block (final norm, pooler, task head) L + 1."""
+    names = [n for n, _ in model.named_parameters()]
+    blocks = {(m[1], int(m[2])) for n in names if (m := _BLOCK.search(n))}
+    n_enc = 1 + max((i for stack, i in blocks if stack == "encoder"), default=-1)
+    n_layers = len(blocks)
+    depths = {}
+    for n in names:
+        if m := _BLOCK.search(n):
+            depths[n] = int(m[2]) + 1 + (n_enc if m[1] == "decoder" else 0)
+        elif (_STACK.search(n) and ".final_norm." not in n) or re.search(r"(?:^|\.)tok_emb\.", n):
+            depths[n] = 0
+        else:
+            depths[n] = n_layers + 1
+    return depths, n_layers
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, lr: float | None = None, layer_decay: float = 1.0
+) -> list[dict]:
+    """Decay linear weights; not norms, biases or embedding tables (GPT-2/nanoGPT practice). With ``layer_decay``
+    < 1, layer-wise learning rates (ELECTRA, Clark et al. 2020; BEiT): a parameter at depth d (:func:`layer_depths`)
+    learns at ``lr · layer_decay ** (L + 1 − d)``, so the task head keeps ``lr`` and the embeddings get the least."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
-    for p in model.parameters():
+    depths, n_layers = layer_depths(model) if layer_decay != 1.0 else ({}, 0)
+    groups: dict[tuple[bool, int], list[nn.Parameter]] = {}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = p.dim() >= 2 and id(p) not in embeddings
+        groups.setdefault((decays, depths.get(name, 0)), []).append(p)
+    out = []
+    for decays in (True, False):  # matrices first, then the rest, each by depth (a group can be empty)
+        for depth in sorted({d for dec, d in groups if dec == decays} or {0}):
+            group = {"params": groups.get((decays, depth), []), "weight_decay": weight_decay if decays else 0.0}
+            if layer_decay != 1.0:
+                assert lr is not None, "layer_decay needs the base lr"
+                group["lr"] = lr * layer_decay ** (n_layers + 1 - depth)
+            out.append(group)
+    return out
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, cfg: TrainConfig, device: torch.device, layer_decay: float = 1.0
+) -> torch.optim.AdamW:
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        param_groups(model, cfg.weight_decay, cfg.lr, layer_decay),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
