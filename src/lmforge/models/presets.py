@@ -103,6 +103,11 @@ _ELECTRA_SMALL = dict(
 )
 preset("electra-small", F.ELECTRA_DISCRIMINATOR, **_ELECTRA_SMALL)
 preset("electra-small-generator", F.ELECTRA_GENERATOR, **_ELECTRA_SMALL)
+# The small discriminator with rotary positions, pre-LN and a final norm (as roberta-small-rope), for short runs.
+preset(
+    "electra-small-rope", F.ELECTRA_DISCRIMINATOR, **{**_ELECTRA_SMALL, "vocab_size": 16384},
+    position="rope", norm_position="pre", final_norm=True,
+)  # fmt: skip
 _ELECTRA_TINY = dict(vocab_size=512, embedding_dim=32, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 preset("electra-tiny", F.ELECTRA_DISCRIMINATOR, **_ELECTRA_TINY)
 preset("electra-tiny-generator", F.ELECTRA_GENERATOR, **_ELECTRA_TINY)
