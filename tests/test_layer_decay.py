@@ -31,13 +31,15 @@ def test_depths_follow_the_path_of_the_input(preset):
             cfg.n_layers + 1
         }
         assert _depth_of(depths, "encoder.rel_bias") == {0}
+        assert _depth_of(depths, "encoder.final_norm") == {cfg.n_layers + 1}  # between the stacks
     else:
         stack = "encoder" if cfg.arch == "encoder" else "decoder"
         assert n_layers == cfg.n_layers
         for i in range(cfg.n_layers):
             assert _depth_of(depths, f"{stack}.blocks.{i}.") == {i + 1}
-    above = {d for n, d in depths.items() if "final_norm" in n or "lm_head" in n or "pooler" in n}
-    assert above <= {n_layers + 1}
+    above = {d for n, d in depths.items() if n.startswith(("decoder.final_norm", "lm_head", "pooler"))}
+    above |= {d for n, d in depths.items() if n.startswith("encoder.final_norm") and cfg.arch == "encoder"}
+    assert above == {n_layers + 1}
     if preset == "bert-tiny":  # learned positions, segments and the embedding norm sit with the tokens
         assert _depth_of(depths, "pos_emb") == _depth_of(depths, "type_emb") == _depth_of(depths, "emb_norm") == {0}
 

@@ -16,9 +16,9 @@ _STACK = re.compile(r"(?:^|\.)(encoder|decoder)\.")
 
 
 def layer_depths(model: nn.Module) -> tuple[dict[str, int], int]:
-    """(parameter name → depth, L): the embeddings (and what a stack holds outside its blocks, but its final norm)
-    are depth 0, the blocks 1..L in the order the input meets them (an encoder-decoder's encoder first), everything
-    after the last block (final norm, pooler, task head) L + 1."""
+    """(parameter name → depth, L): the embeddings (and what a stack holds outside its blocks) are depth 0, the
+    blocks 1..L in the order the input meets them (an encoder-decoder's encoder first), a stack's final norm one
+    past its last block, everything else (pooler, task head) L + 1."""
     names = [n for n, _ in model.named_parameters()]
     blocks = {(m[1], int(m[2])) for n in names if (m := _BLOCK.search(n))}
     n_enc = 1 + max((i for stack, i in blocks if stack == "encoder"), default=-1)
@@ -27,10 +27,10 @@ def layer_depths(model: nn.Module) -> tuple[dict[str, int], int]:
     for n in names:
         if m := _BLOCK.search(n):
             depths[n] = int(m[2]) + 1 + (n_enc if m[1] == "decoder" else 0)
-        elif (_STACK.search(n) and ".final_norm." not in n) or re.search(r"(?:^|\.)tok_emb\.", n):
-            depths[n] = 0
+        elif m := _STACK.search(n):
+            depths[n] = ((n_enc if m[1] == "encoder" else n_layers) + 1) if ".final_norm." in n else 0
         else:
-            depths[n] = n_layers + 1
+            depths[n] = 0 if re.search(r"(?:^|\.)tok_emb\.", n) else n_layers + 1
     return depths, n_layers
 
 
