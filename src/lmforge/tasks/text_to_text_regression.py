@@ -24,8 +24,6 @@ from lmforge.tasks.seq2seq import Seq2Seq, Seq2SeqOptions
 @dataclass
 class TextRegressionOptions(Seq2SeqOptions):
     max_len: int = 256
-    template: str = "{text}"
-    """Input with its task prefix, e.g. "stsb sentence1: {text} sentence2: {text_pair}"."""
     step: float = 0.2
     """Targets are rounded to a multiple of this and written with as many decimals as it has."""
     max_target_len: int = 8

@@ -13,6 +13,7 @@ from lmforge.config import TrainConfig
 
 _BLOCK = re.compile(r"(?:^|\.)(encoder|decoder)\.blocks\.(\d+)\.")
 _STACK = re.compile(r"(?:^|\.)(encoder|decoder)\.")
+_TOK_EMB = re.compile(r"(?:^|\.)tok_emb\.")
 
 
 def layer_depths(model: nn.Module) -> tuple[dict[str, int], int]:
@@ -30,7 +31,7 @@ def layer_depths(model: nn.Module) -> tuple[dict[str, int], int]:
         elif m := _STACK.search(n):
             depths[n] = ((n_enc if m[1] == "encoder" else n_layers) + 1) if ".final_norm." in n else 0
         else:
-            depths[n] = 0 if re.search(r"(?:^|\.)tok_emb\.", n) else n_layers + 1
+            depths[n] = 0 if _TOK_EMB.search(n) else n_layers + 1
     return depths, n_layers
 
 
