@@ -11,7 +11,7 @@
 # for every model and seed. SIZES="500 1000" gives a learning curve instead: the first N training examples (the
 # split is shuffled), CURVE_EPOCHS epochs. JOBS fine-tunes share the GPU at a time. One GPU, ~9 minutes with the
 # defaults. Inputs as scripts/finetune_study.sh, plus DOMAIN. Output: one JSON line per fine-tuning run in
-# $OUT/adapt.jsonl (`python scripts/adapt_table.py $OUT/adapt.jsonl` averages them over seeds) and the pretraining
+# $OUT/adapt.jsonl (`python scripts/seed_table.py $OUT/adapt.jsonl` averages them over seeds) and the pretraining
 # metrics in $OUT/{pretrain,dapt,tapt,dapt_tapt}.jsonl.
 set -euo pipefail
 CORPUS=${CORPUS:-.cache/gpu/corpus} DOMAIN=${DOMAIN:-.cache/gpu/reviews} TOK=${TOK:-.cache/gpu/tok}

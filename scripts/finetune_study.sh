@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Does pretraining help? (GPT-1 Table 5 style) — pretrain a small GPT and a small RoBERTa-style encoder on a real
 # corpus, then fine-tune each on the sentiment set and on Bible paraphrase pairs, against the same architectures
-# from random init, and GPT without the auxiliary LM loss (λ = 0). One GPU, ~8 minutes.
+# from random init, and GPT without the auxiliary LM loss (λ = 0), each with every seed of SEEDS (TASKS picks the
+# labelled sets; JOBS fine-tunes share the GPU at a time; `python scripts/seed_table.py $OUT/study.jsonl` averages
+# them over seeds). One GPU, ~8 minutes with the defaults.
 #
 # Inputs (built on a machine with registry access; see the closing note of the fine-tuning issue):
 #   CORPUS  dir of *.jsonl(.xz) documents    TOK  tokenizer dir (byte-level BPE, bart specials)
@@ -10,8 +12,10 @@
 set -euo pipefail
 CORPUS=${CORPUS:-.cache/gpu/corpus} TOK=${TOK:-.cache/gpu/tok} PARA=${PARA:-.cache/gpu/para}
 OUT=${OUT:-runs/study} STEPS=${STEPS:-1200} B=${B:-64} SEQ=${SEQ:-512} W=${W:-/tmp/study}
-MODELS=${MODELS:-"gpt bert"} INITS=${INITS:-"pretrained scratch"} BERT_STEPS=${BERT_STEPS:-2000} BERT_LR=${BERT_LR:-1e-3}
+MODELS=${MODELS:-"gpt bert"} INITS=${INITS:-"pretrained scratch"}
+BERT_STEPS=${BERT_STEPS:-2000} BERT_LR=${BERT_LR:-1e-3}
 BERT_PRESET=${BERT_PRESET:-roberta-small-rope}  # or roberta-small: learned positions, post-LN
+SEEDS=${SEEDS:-0} TASKS=${TASKS:-"sentiment paraphrase"} JOBS=${JOBS:-1}
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
 mkdir -p "$OUT" "$W"
 lm() { python -m lmforge.cli "$@"; }
@@ -35,7 +39,8 @@ fi
 ft() {  # name recipe init data-overrides... ; records eval.json (dev) and eval_test.json
   local name=$1 recipe=$2 init=$3; shift 3
   lm finetune "$recipe" --init "$init" --run.dir="$W/ft-$name" --model.tokenizer="$TOK" --train.lr=1e-4 \
-    --train.epochs=3 "${FT_EXTRA[@]}" "$@" > "$W/ft-$name.log" 2>&1 || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
+    --train.epochs=3 "${FT_EXTRA[@]}" "$@" > "$W/ft-$name.log" 2>&1 \
+    || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
   python - "$name" "$W/ft-$name" >> "$OUT/study.jsonl" <<'PY'
 import json, sys, pathlib
 name, run = sys.argv[1], pathlib.Path(sys.argv[2])
@@ -45,21 +50,28 @@ print(json.dumps({"run": name, "dev": json.loads((run / "eval.json").read_text()
 PY
   tail -1 "$OUT/study.jsonl"
 }
+queue() {  # run ft in the background once fewer than JOBS are running
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  ft "$@" &
+}
 para=(--data.source=dir --data.dir="$PARA" --data.max_train=10000)
-for task in sentiment paraphrase; do
-  for init in $INITS; do
-    g=$W/gpt b=$W/bert
-    [ $init = scratch ] && g=none b=none
-    if [ $task = sentiment ]; then
-      has gpt && ft "gpt-$task-$init" sst2-gpt "$g" --model.preset=gpt-small
-      has bert && ft "bert-$task-$init" sst2-bert "$b" --model.preset="$BERT_PRESET" --task.format=bert
+for seed in $SEEDS; do
+  sfx=$([ "$seed" = 0 ] || echo "-s$seed")  # seed 0 keeps the names of single-seed runs
+  for task in $TASKS; do
+    if [ "$task" = sentiment ]; then
+      gpt=(sst2-gpt) bert=(sst2-bert --task.format=bert)
     else
-      has gpt && ft "gpt-$task-$init" glue-mrpc "$g" --model.preset=gpt-small "${para[@]}"
-      has bert && ft "bert-$task-$init" glue-mrpc "$b" --model.preset="$BERT_PRESET" "${para[@]}"
+      gpt=(glue-mrpc "${para[@]}") bert=(glue-mrpc "${para[@]}")
     fi
+    for init in $INITS; do
+      g=$W/gpt b=$W/bert
+      [ "$init" = scratch ] && g=none b=none
+      has gpt && queue "gpt-$task-$init$sfx" "${gpt[0]}" "$g" --model.preset=gpt-small --run.seed="$seed" "${gpt[@]:1}"
+      has bert && queue "bert-$task-$init$sfx" "${bert[0]}" "$b" --model.preset="$BERT_PRESET" --run.seed="$seed" \
+        "${bert[@]:1}"
+    done
+    has gpt && queue "gpt-$task-pretrained-lambda0$sfx" "${gpt[0]}" "$W/gpt" --task.lm_coef=0 --run.seed="$seed" \
+      "${gpt[@]:1}"
   done
 done
-if has gpt; then
-  ft gpt-sentiment-pretrained-lambda0 sst2-gpt "$W/gpt" --task.lm_coef=0
-  ft gpt-paraphrase-pretrained-lambda0 glue-mrpc "$W/gpt" --task.lm_coef=0 "${para[@]}"
-fi
+wait
