@@ -34,7 +34,7 @@ variants PRE_VARIANTS "${PRE_FT_EXTRA:-}"
 variants SCRATCH_VARIANTS "${SCRATCH_FT_EXTRA:-}"
 JOBS=${JOBS:-5}
 mkdir -p "$OUT" "$W"
-lm() { python -m lmforge.cli "$@"; }
+source "$(dirname "$0")/study_common.sh"
 SENT=$(python -c "from lmforge.tasks.readers import BUNDLED_DIR; print(BUNDLED_DIR / 'sentiment')")
 
 lm data prepare "$CORPUS" --out "$W/data" --tokenizer "$TOK" --val-fraction 0.01
@@ -65,27 +65,18 @@ ft() {  # name init format seed size variant-number flags
     --task.format="$3" --run.seed="$4" --train.lr=1e-4 "${size[@]}" "${extra[@]}" "${flags[@]}" \
     > "$W/ft-$name.log" 2>&1 \
     || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
-  python - "$name" "$W/ft-$name" "$7" >> "$OUT/adapt.jsonl" <<'PY'
-import json, sys, pathlib
-name, run, flags = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
-print(json.dumps({"run": name, "flags": flags, "dev": json.loads((run / "eval.json").read_text()),
-                  "test": json.loads((run / "eval_test.json").read_text())}))
-PY
+  record "$name" "$W/ft-$name" "$7" >> "$OUT/adapt.jsonl"
   tail -1 "$OUT/adapt.jsonl"
-}
-queue() {  # run ft in the background once fewer than JOBS are running
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
-  ft "$@" &
 }
 for seed in $SEEDS; do
   for size in $SIZES; do
     for init in $INITS; do
       for v in "${!PRE_VARIANTS[@]}"; do
-        queue "$init" "$W/$init" "$POOL" "$seed" "$size" "$v" "${PRE_VARIANTS[$v]}"
+        queue ft "$init" "$W/$init" "$POOL" "$seed" "$size" "$v" "${PRE_VARIANTS[$v]}"
       done
     done
     for v in "${!SCRATCH_VARIANTS[@]}"; do
-      queue scratch none "$SCRATCH_POOL" "$seed" "$size" "$v" "${SCRATCH_VARIANTS[$v]}"
+      queue ft scratch none "$SCRATCH_POOL" "$seed" "$size" "$v" "${SCRATCH_VARIANTS[$v]}"
     done
   done
 done

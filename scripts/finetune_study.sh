@@ -18,7 +18,7 @@ BERT_PRESET=${BERT_PRESET:-roberta-small-rope}  # or roberta-small: learned posi
 SEEDS=${SEEDS:-0} TASKS=${TASKS:-"sentiment paraphrase"} JOBS=${JOBS:-1}
 read -r -a FT_EXTRA <<< "${FT_EXTRA:-}"  # e.g. "--data.max_train=64 --data.max_eval=32" for a dry run
 mkdir -p "$OUT" "$W"
-lm() { python -m lmforge.cli "$@"; }
+source "$(dirname "$0")/study_common.sh"
 
 lm data prepare "$CORPUS" --out "$W/data" --tokenizer "$TOK" --val-fraction 0.01
 common=(--data.tokenizer="$TOK" --data.prepared="$W/data" --model.vocab_size=16384 --train.seq_len="$SEQ"
@@ -41,18 +41,8 @@ ft() {  # name recipe init data-overrides... ; records eval.json (dev) and eval_
   lm finetune "$recipe" --init "$init" --run.dir="$W/ft-$name" --model.tokenizer="$TOK" --train.lr=1e-4 \
     --train.epochs=3 "${FT_EXTRA[@]}" "$@" > "$W/ft-$name.log" 2>&1 \
     || { echo "$name failed: $(tail -1 "$W/ft-$name.log")"; return; }
-  python - "$name" "$W/ft-$name" >> "$OUT/study.jsonl" <<'PY'
-import json, sys, pathlib
-name, run = sys.argv[1], pathlib.Path(sys.argv[2])
-test = run / "eval_test.json"
-print(json.dumps({"run": name, "dev": json.loads((run / "eval.json").read_text()),
-                  "test": json.loads(test.read_text()) if test.exists() else None}))
-PY
+  record "$name" "$W/ft-$name" >> "$OUT/study.jsonl"
   tail -1 "$OUT/study.jsonl"
-}
-queue() {  # run ft in the background once fewer than JOBS are running
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
-  ft "$@" &
 }
 para=(--data.source=dir --data.dir="$PARA" --data.max_train=10000)
 for seed in $SEEDS; do
@@ -66,11 +56,12 @@ for seed in $SEEDS; do
     for init in $INITS; do
       g=$W/gpt b=$W/bert
       [ "$init" = scratch ] && g=none b=none
-      has gpt && queue "gpt-$task-$init$sfx" "${gpt[0]}" "$g" --model.preset=gpt-small --run.seed="$seed" "${gpt[@]:1}"
-      has bert && queue "bert-$task-$init$sfx" "${bert[0]}" "$b" --model.preset="$BERT_PRESET" --run.seed="$seed" \
+      has gpt && queue ft "gpt-$task-$init$sfx" "${gpt[0]}" "$g" --model.preset=gpt-small --run.seed="$seed" \
+        "${gpt[@]:1}"
+      has bert && queue ft "bert-$task-$init$sfx" "${bert[0]}" "$b" --model.preset="$BERT_PRESET" --run.seed="$seed" \
         "${bert[@]:1}"
     done
-    has gpt && queue "gpt-$task-pretrained-lambda0$sfx" "${gpt[0]}" "$W/gpt" --task.lm_coef=0 --run.seed="$seed" \
+    has gpt && queue ft "gpt-$task-pretrained-lambda0$sfx" "${gpt[0]}" "$W/gpt" --task.lm_coef=0 --run.seed="$seed" \
       "${gpt[@]:1}"
   done
 done

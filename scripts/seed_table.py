@@ -27,11 +27,12 @@ def rows(paths: list[str]) -> list[str]:
     order = sorted(groups, key=lambda k: (k[1] != "full", int(k[1]) if k[1].isdigit() else 0, k[0], k[2]))
     for name, size, flags in order:
         runs = sorted(groups[(name, size, flags)], key=lambda run: run[0])
-        tests = [t for _, _, t in runs]
-        dev, test = (100 * mean(d["accuracy"] for _, d, _ in runs), 100 * mean(t["accuracy"] for t in tests))
-        f1 = f"{100 * mean(t['f1'] for t in tests):.1f}" if all("f1" in t for t in tests) else "—"
-        by_seed = " / ".join(f"{100 * t['accuracy']:.1f}" for t in tests)
-        out.append(f"| {name} | {size} | {flags or '—'} | {len(runs)} | {dev:.1f} | {test:.1f} | {f1} | {by_seed} |")
+        dev = f"{100 * mean(d['accuracy'] for _, d, _ in runs):.1f}"
+        tests = [t for _, _, t in runs if t is not None]  # a split without labels has no test metrics
+        test = f"{100 * mean(t['accuracy'] for t in tests):.1f}" if tests else "—"
+        f1 = f"{100 * mean(t['f1'] for t in tests):.1f}" if tests and all("f1" in t for t in tests) else "—"
+        by_seed = " / ".join(f"{100 * t['accuracy']:.1f}" for t in tests) or "—"
+        out.append(f"| {name} | {size} | {flags or '—'} | {len(runs)} | {dev} | {test} | {f1} | {by_seed} |")
     return out
 
 
