@@ -33,7 +33,7 @@ def tokenizer(family: str, kind: str = "bpe", vocab_size: int = 400):
 def objective(name: str, tok, *, model: dict, seq_len: int = 64, **options):
     """An objective instance for a tiny model config (model.vocab_size = the tokenizer's)."""
     raw = {
-        "model": {**model, "vocab_size": tok.vocab_size},
+        "model": {**model, "vocab_size": tok.vocab_size, "max_seq_len": max(model.get("max_seq_len", 0), seq_len)},
         "objective": {"name": name, **options},
         "train": {"seq_len": seq_len},
     }

@@ -12,8 +12,9 @@ from lmforge.align.datasets import continuation_preferences, sentiment_preferenc
 from lmforge.align.dpo import DPO, dpo_loss, dpo_metrics, frozen_copy, preference_margins
 from lmforge.align.reward import RewardModel, best_of_n, pair_batch, pairwise_loss, reward_accuracy, reward_loss
 from lmforge.align.templates import Conversation, add_role_tokens, get_template
-from lmforge.align.train import LoopConfig, cycle, train_loop
+from lmforge.align.train import AlignTrainConfig, ShuffledBatches
 from lmforge.errors import LMForgeError
+from lmforge.train.loop import fit
 
 # The easy real-data construction: Austen passages, chosen = their true next words, rejected = words of a
 # Shakespeare play (held-out pairs come from chapters never seen in training).
@@ -88,7 +89,7 @@ def test_dpo_loss_formula_and_limits():
         dpo_loss(pw, pl, rw, rl, beta=0)
 
 
-def test_dpo_raises_the_margin_on_held_out_pairs(corpus_tokenizer):
+def test_dpo_raises_the_margin_on_held_out_pairs(corpus_tokenizer, tmp_path):
     tok = corpus_tokenizer
     t = get_template("chat", tok)
     train = continuation_preferences("train", 800, **EASY)
@@ -98,8 +99,8 @@ def test_dpo_raises_the_margin_on_held_out_pairs(corpus_tokenizer):
     reference = frozen_copy(policy)
     before = preference_margins(policy, held, t, tok.pad_id, MAX_LEN)
     dpo = DPO(reference, beta=0.1)
-    batches = (pair_batch(c, t, tok.pad_id, MAX_LEN) for c in cycle(train, 16, 0))
-    train_loop(policy, lambda b: dpo.loss(policy, b), batches, LoopConfig(max_steps=40, lr=1e-3, warmup_steps=2))
+    batches = ShuffledBatches(train, 16, 0, lambda c: pair_batch(c, t, tok.pad_id, MAX_LEN))
+    fit(policy, dpo.loss, batches, AlignTrainConfig(max_steps=40, lr=1e-3, warmup_steps=2), tmp_path)
     after = preference_margins(policy, held, t, tok.pad_id, MAX_LEN)
     metrics = dpo_metrics(policy, reference, held, t, tok.pad_id, MAX_LEN, beta=0.1)
     assert float(after.mean()) > float(before.mean()) + 3.0  # nats of log π(y_w|x) − log π(y_l|x)
@@ -107,7 +108,7 @@ def test_dpo_raises_the_margin_on_held_out_pairs(corpus_tokenizer):
     assert all(not p.requires_grad for p in reference.parameters())
 
 
-def test_reward_model_ranks_held_out_pairs(corpus_tokenizer):
+def test_reward_model_ranks_held_out_pairs(corpus_tokenizer, tmp_path):
     tok = corpus_tokenizer
     t = get_template("chat", tok)
     train = continuation_preferences("train", 1600, **EASY)
@@ -115,8 +116,8 @@ def test_reward_model_ranks_held_out_pairs(corpus_tokenizer):
     torch.manual_seed(0)
     rm = RewardModel(_policy(tok))
     start = reward_accuracy(rm, held, t, tok.pad_id, MAX_LEN)
-    batches = (pair_batch(c, t, tok.pad_id, MAX_LEN) for c in cycle(train, 16, 0))
-    train_loop(rm, lambda b: reward_loss(rm, b), batches, LoopConfig(max_steps=100, lr=1e-3, warmup_steps=5))
+    batches = ShuffledBatches(train, 16, 0, lambda c: pair_batch(c, t, tok.pad_id, MAX_LEN))
+    fit(rm, reward_loss, batches, AlignTrainConfig(max_steps=100, lr=1e-3, warmup_steps=5), tmp_path)
     end = reward_accuracy(rm, held, t, tok.pad_id, MAX_LEN)
     assert abs(start["margin"]) < 0.1  # an untrained head barely separates the pairs
     assert end["accuracy"] > 0.75 and end["margin"] > 1.0

@@ -38,7 +38,7 @@ def teacher_run(tmp_path_factory):
 
 
 def test_report_rows_and_files(teacher_run, tmp_path, capsys):
-    over = [f"--out={tmp_path / 'report'}", "--distill.steps=40", "--distill.lr=1e-3", "--prune.steps=20",
+    over = [f"--out={tmp_path / 'report'}", "--distill.max_steps=40", "--distill.lr=1e-3", "--prune.max_steps=20",
             "--prune.lr=5e-4", "--bench.runs=3", "--bench.warmup=1"]  # fmt: skip
     rows = cmd_compress_report(None, str(teacher_run), over)
     names = [r.name for r in rows]

@@ -35,7 +35,7 @@ def labelled(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny GPT pretrained for 40 steps on public-domain text (tokenizer trained by the run)."""
-    from lmforge.train.trainer import train
+    from lmforge.train.pretrain import Pretraining
 
     d = tmp_path_factory.mktemp("pretrained")
     docs = [json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3]
@@ -44,7 +44,7 @@ def pretrained(tmp_path_factory) -> Path:
             "--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=32", "--train.max_steps=40",
             "--train.warmup_steps=4", "--train.lr=3e-3", "--train.eval_every=40", "--train.save_every=40",
             "--train.log_every=40", "--data.val_fraction=0.1"]  # fmt: skip
-    train(load_config("gpt", over))
+    Pretraining(load_config("gpt", over)).fit()
     return d / "run"
 
 
@@ -75,9 +75,9 @@ def test_every_bundled_recipe_loads():
         ("--train.lr=fast", "train.lr: expected a number, got 'fast'"),
         ("--task.format=xlnet", "task.format: expected one of 'auto', 'gpt', 'bert', 'encoder_mean', 'bart', got"),
         ("--task.type=clasification", "unknown task 'clasification' — did you mean 'classification'?"),
-        ("--train.batch_size=0", "train.batch_size must be positive, got 0"),
-        ("--train.warmup_ratio=1.5", "train.warmup_ratio must be in [0, 1), got 1.5"),
-        ("--train.layer_decay=0", "train.layer_decay must be in (0, 1], got 0"),
+        ("--train.batch_size=0", "train.batch_size must be > 0, got 0"),
+        ("--train.warmup_ratio=1.5", "train.warmup_ratio must be in [0, 1], got 1.5"),
+        ("--train.layer_decay=0", "train.layer_decay must be in (0, 1], got 0.0"),
     ],
 )
 def test_bad_config_is_one_clear_error(override, message):
@@ -120,8 +120,8 @@ def test_finetune_from_scratch_is_deterministic_and_keeps_the_best_checkpoint(tm
     dev = [r for r in rows if "dev_accuracy" in r]
     assert [r["step"] for r in dev] == [3, 6]
     best = max(dev, key=lambda r: r["dev_accuracy"])  # the first of equals is kept
-    ckpts = list((run / "checkpoints").iterdir())
-    assert [c.name for c in ckpts] == [f"step_{best['step']}"]
+    assert [c.name for c in (run / "checkpoints").iterdir()] == ["step_6"]  # the resumable one (keep_last=1)
+    assert yaml.safe_load((run / "best" / "config.yaml").read_text())["step"] == best["step"]
     assert json.loads((run / "eval.json").read_text()) == m1 and m1["accuracy"] == best["dev_accuracy"]
     # The tokenizer was trained on the task's texts (--init gpt-tiny = random init) and grew by the GPT tokens.
     assert t1.tokenizer.vocab_size == 303 and t1.model.config.vocab_size == 303

@@ -152,12 +152,21 @@ def test_progress_refreshes_in_place_on_tty():
     progress = Progress(100, stream=out)
     progress.update(1, loss=12.5, lr=1e-3, tokens_per_s=1000.0, mfu=None)
     progress.update(2, loss=2.5, lr=1e-3, tokens_per_s=1000.0, mfu=None)
-    text = out.getvalue()
-    assert text.count("\r") == 2 and "\n" not in text and "mfu" not in text
-    first, second = text.split("\r")[1:]
-    assert len(second) >= len(first)  # padded to wipe the longer previous line
     progress.close()
-    assert out.getvalue().endswith("\n")
+    text = out.getvalue()
+    # One tqdm bar redrawn in place (carriage returns), ended by one newline when closed.
+    assert text.count("\r") >= 2 and text.count("\n") == 1 and text.endswith("\n")
+    last = text.rstrip("\n").split("\r")[-1]
+    assert "2/100" in last and "loss 2.5000 | lr 1.00e-03 | 1.0k tok/s" in last and "mfu" not in last
+
+
+def test_progress_is_silent_when_quiet(monkeypatch):
+    monkeypatch.setenv("LMFORGE_QUIET", "1")
+    for stream in (FakeTTY(), io.StringIO()):
+        progress = Progress(10, every=1, stream=stream)
+        progress.update(1, loss=1.0, lr=1e-3, tokens_per_s=1.0, mfu=None)
+        progress.close()
+        assert stream.getvalue() == ""
 
 
 def test_progress_eta(monkeypatch):

@@ -52,8 +52,9 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def one_error_line(capsys, *args: str) -> str:
-    """Run a command that must fail: exit 2, exactly one stderr line, no traceback; return that line."""
-    rc, _, err = cli(capsys, *args)
+    """Run a command that must fail: exit 2, exactly one stderr line (with --quiet: no status lines), no traceback;
+    return that line."""
+    rc, _, err = cli(capsys, *args, "--quiet")
     assert rc == 2, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
@@ -112,12 +113,12 @@ def rewrite_manifest(ckpt: Path) -> None:
         ("bad_choice", "error: train.precision: expected one of 'auto', 'fp32', 'bf16', got 'fp8'"),
         ("unknown_objective", "error: unknown objective 'causal' — did you mean 'causal_lm'?"),
         ("unknown_recipe", "error: unknown recipe 'gtp' — did you mean 'gpt'?"),
+        ("vocab", "error: model.vocab_size=300 is smaller than the tokenizer's 512 tokens"),
         (
-            "vocab",
-            "error: tokenizer has 512 tokens but model.vocab_size is 300: set --model.vocab_size=512 or use "
-            "a matching tokenizer",
+            "overlong",
+            "error: train.seq_len=32 exceeds model gpt-tiny's max_seq_len 16: lower --train.seq_len or raise "
+            "--model.max_seq_len",
         ),  # fmt: skip
-        ("overlong", "error: sequence of length 32 exceeds max_seq_len 16 for learned positions"),
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(case, expected, prepared, tmp_path, capsys):
@@ -151,7 +152,7 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, expected, prepared, tmp
             "overlong": ["--model.max_seq_len=16", "--train.max_steps=1"],
         }[case]  # fmt: skip
         args = pretrain(prepared, tmp_path / "run", *extra)
-    line = one_error_line(capsys, *args) if case != "overlong" else last_error_line(capsys, *args)
+    line = one_error_line(capsys, *args)
     assert line == expected.format(tmp=tmp_path, readable=READABLE)
 
 
@@ -238,19 +239,22 @@ def test_resume_with_a_changed_config_is_refused_and_checkpoints_stay(prepared, 
     run = tmp_path / "run"
     assert cli(capsys, *pretrain(prepared, run, "--train.max_steps=2"))[0] == 0
     before = fingerprint(run)
+    new_run = "start a new run with another --run.dir"
     for change, expected in [
-        ("--model.d_model=32", "error: cannot resume: model.d_model changed since the checkpoint (64 → 32)"),
+        ("--model.d_model=32", f"error: cannot change model.d_model when resuming (64 → 32): {new_run}"),
         (
-            "--data.val_fraction=0.2",
-            "error: cannot resume: data.val_fraction changed since the checkpoint (0.05 → 0.2)",
+            "--model.preset=llama-tiny",
+            f"error: cannot change model.preset when resuming ('gpt-tiny' → 'llama-tiny'): {new_run}",
         ),
+        ("--data.val_fraction=0.2", f"error: cannot change data.val_fraction when resuming (0.05 → 0.2): {new_run}"),
         (
             "--objective.name=test_poisoned_lm",
-            "error: cannot resume: objective.name changed since the checkpoint ('causal_lm' → 'test_poisoned_lm')",
+            f"error: cannot change objective.name when resuming ('causal_lm' → 'test_poisoned_lm'): {new_run}",
         ),  # fmt: skip
-        ("--train.seq_len=16", "error: cannot resume data loader: seq_len was 32, now 16"),
+        ("--train.seq_len=16", f"error: cannot change train.seq_len when resuming (32 → 16): {new_run}"),
     ]:
-        args = pretrain(prepared, run, "--train.max_steps=4", "--resume", change)
+        # Resuming needs nothing but the run dir; what is given must agree with the run.
+        args = ["pretrain", f"--run.dir={run}", "--train.max_steps=4", "--resume", change]
         assert one_error_line(capsys, *args) == expected
     assert one_error_line(capsys, *pretrain(prepared, run, "--train.max_steps=4")) == (
         f"error: run dir {run} already has checkpoints: pass --resume to continue it, or choose another --run.dir"
@@ -329,6 +333,8 @@ class PoisonedLM(CausalLM):
                 out.loss = out.loss * float("nan")
             elif kind == "grad":
                 out.loss = _InfGrad.apply(out.loss)
+            elif kind == "spike":
+                out.loss = out.loss * 20
         return out
 
 
@@ -365,7 +371,7 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run_with_one_line(prepared, 
                     "--train.max_nonfinite=3")  # fmt: skip
     assert last_error_line(capsys, *args) == (
         "error: stopping at step 6: 3 consecutive steps with a non-finite loss or gradient (train.max_nonfinite=3); "
-        "lower train.lr or check the data; the last checkpoint is step_3"
+        "lower train.lr or check the data; the last checkpoint before it is step_3"
     )
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_3"]
     assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
@@ -374,6 +380,67 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run_with_one_line(prepared, 
     rc, _, err = cli(capsys, *args, "--resume")
     assert rc == 0, err
     assert "resumed from" in err and [r["step"] for r in train_rows(run) if "loss" in r][-1] == 10
+
+
+def test_a_nonfinite_streak_never_evicts_the_checkpoint_from_before_it(prepared, tmp_path, capsys):
+    POISON.clear()
+    POISON.update({s: "loss" for s in range(4, 9)})  # steps 4-8 diverge
+    run = tmp_path / "run"
+    args = pretrain(prepared, run, "--objective.name=test_poisoned_lm", "--train.max_steps=12", "--train.save_every=1",
+                    "--train.keep_last=3", "--train.max_nonfinite=5")  # fmt: skip
+    assert last_error_line(capsys, *args).endswith("; the last checkpoint before it is step_3")
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step_3", "step_5", "step_6", "step_7"]  # keep_last=3 of the streak + the one before it
+    assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
+    POISON.clear()
+
+
+def test_a_loss_spike_is_a_logged_warning(prepared, tmp_path, capsys):
+    POISON.clear()
+    POISON.update({12: "spike"})  # 20× the loss at step 12, after 11 ordinary steps
+    run = tmp_path / "run"
+    rc, _, err = cli(capsys, *pretrain(prepared, run, "--objective.name=test_poisoned_lm", "--train.max_steps=13"))
+    POISON.clear()
+    assert rc == 0, err
+    assert [ln for ln in err.splitlines() if ln.startswith("warning: step 12: loss spike ")], err
+    assert not [ln for ln in err.splitlines() if "loss spike" in ln and not ln.startswith("warning: step 12:")]
+    spikes = [r for r in train_rows(run) if "loss_spike" in r]
+    assert [r["step"] for r in spikes] == [12] and spikes[0]["loss_spike"] > 10 * spikes[0]["recent_median"]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("max_steps=0", "train.max_steps must be > 0, got 0"),
+        ("save_every=0", "train.save_every must be > 0, got 0"),
+        ("eval_every=0", "train.eval_every must be > 0, got 0"),
+        ("grad_accum=0", "train.grad_accum must be > 0, got 0"),
+        ("lr=-0.001", "train.lr must be >= 0, got -0.001"),
+        ("batch_size=-2", "train.batch_size must be > 0, got -2"),
+    ],
+)
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "align"])
+def test_out_of_range_values_are_one_line_before_any_work(command, value, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = {
+        "pretrain": ["pretrain", "gpt"],
+        "finetune": ["finetune", "sst2-gpt", "--init", "gpt-tiny"],
+        "align": ["align", "sft", "sft-sentiment", "--init", "gpt-tiny"],
+    }[command]
+    assert one_error_line(capsys, *args, f"--run.dir={run}", f"--train.{value}") == f"error: {message}"
+    assert not run.exists()  # refused before anything was written
+
+
+def test_a_new_lr_given_on_resume_is_applied_from_the_resumed_step(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = pretrain(prepared, run, "--train.max_steps=4", "--train.schedule=constant", "--train.lr=1e-3")
+    assert cli(capsys, *args)[0] == 0
+    rc, _, err = cli(capsys, "pretrain", f"--run.dir={run}", "--resume", "--train.max_steps=6", "--train.lr=2.5e-4")
+    assert rc == 0, err
+    lrs = {r["step"]: r["lr"] for r in train_rows(run) if "lr" in r}
+    assert [lrs[s] for s in range(1, 7)] == [5e-4, 1e-3, 1e-3, 1e-3, 2.5e-4, 2.5e-4]  # warmup 2, then the peak
+    saved = json.loads(json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())))
+    assert saved["train"]["lr"] == 2.5e-4 and saved["train"]["max_steps"] == 6
 
 
 # --- overlong prompts ----------------------------------------------------------------------------------------------

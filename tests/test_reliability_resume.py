@@ -30,6 +30,7 @@ TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size
 TINY += ["--train.warmup_steps=3", "--train.log_every=1", "--train.deterministic", "--sample.prompts=[]"]
 TINY += ["--train.eval_batches=2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+PAUSING_CLI = Path(__file__).with_name("pausing_cli.py")  # the CLI with callbacks that pause at loop points
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+) \(data position: epoch (\d+), batch (\d+)\)")
 
 
@@ -81,9 +82,9 @@ class Attempt:
     """One CLI process, its stderr collected line by line in a thread (so a test can wait for a line)."""
 
     def __init__(self, args: list[str], cwd: Path, fault: str | None = None) -> None:
-        env = {**ENV, **({"LMFORGE_FAULT_SLEEP": fault} if fault else {})}
+        entry = [str(PAUSING_CLI), fault] if fault else ["-m", "lmforge.cli"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmforge.cli", *args], cwd=cwd, env=env, text=True,
+            [sys.executable, *entry, *args], cwd=cwd, env=ENV, text=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         self.lines: list[str] = []
@@ -150,7 +151,7 @@ def test_sigkill_at_random_points_then_resume_equals_uninterrupted_run(prepared,
         elif kind == "startup":
             time.sleep(rng.uniform(0.2, 1.5))
         else:
-            marker = f"fault injection: pausing 60 s at {kind}"
+            marker = f"pausing 60 s at {kind}"
             attempt.wait_for(lambda: any(line.startswith(marker) for line in attempt.lines))  # noqa: B023
             if kind == "checkpoint":  # the write is under way: its scratch dir exists, its step dir does not
                 assert [p.name for p in ckpts.iterdir() if p.name.startswith(".tmp-step_")]
@@ -177,6 +178,62 @@ def test_sigkill_at_random_points_then_resume_equals_uninterrupted_run(prepared,
     for name, t in ck.read_weights(ck.latest_checkpoint(ref)).items():
         assert torch.equal(t, ck.read_weights(ck.latest_checkpoint(run))[name]), name
     assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".")]
+
+
+# --- a second process, SIGTERM, a dead process's scratch dirs -----------------------------------------------------
+
+
+def test_a_second_run_on_a_locked_run_dir_is_refused_naming_the_holder(prepared, tmp_path):
+    run = tmp_path / "run"
+    first = Attempt(common(prepared, run, "--train.max_steps=6"), tmp_path, fault="step@2:60")
+    first.wait_for(lambda: any(line.startswith("pausing 60 s at step") for line in first.lines))
+    second = subprocess.run(
+        [sys.executable, "-m", "lmforge.cli", *common(prepared, run, "--train.max_steps=6", "--resume")],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert second.returncode == 2
+    line = second.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: run dir {run} is in use by process {first.proc.pid} on ")
+    assert f"pretrain gpt --run.dir={run} --data.tokenizer=" in line  # the holder's command line
+    assert line.endswith("--train.max_steps=6): wait for it to finish, or choose another --run.dir")
+    first.kill()  # the holder dies: its lock goes with it, and the next run takes the dir over
+    third = Attempt(common(prepared, run, "--train.max_steps=6", "--resume"), tmp_path)
+    assert third.finish() == 0, "\n".join(third.lines)
+    assert [r["step"] for r in train_rows(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sigterm_saves_at_the_step_boundary_and_resume_is_bit_identical(prepared, tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    args = ["--train.max_steps=10", "--train.save_every=100", "--train.eval_every=5"]
+    reference = Attempt(common(prepared, ref, *args), tmp_path)
+    assert reference.finish() == 0, "\n".join(reference.lines)
+    attempt = Attempt(common(prepared, run, *args), tmp_path, fault="step@4:3")
+    attempt.wait_for(lambda: any(line.startswith("pausing 3 s at step (step 4)") for line in attempt.lines))
+    attempt.proc.send_signal(signal.SIGTERM)
+    assert attempt.finish() == 143
+    assert attempt.lines[-1] == (
+        f"error: stopped by SIGTERM at step 4: checkpoint saved in {run}/checkpoints/step_4; continue with "
+        f"lmforge pretrain --run.dir={run} --resume"
+    )
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_4"]
+    final = Attempt(["pretrain", f"--run.dir={run}", "--resume"], tmp_path)  # nothing repeated
+    assert final.finish() == 0, "\n".join(final.lines)
+    assert [(r["step"], r["loss_hex"]) for r in train_rows(ref)] == [
+        (r["step"], r["loss_hex"]) for r in train_rows(run)
+    ]
+    assert [r for r in rows(ref) if "val_loss" in r] == [r for r in rows(run) if "val_loss" in r]
+
+
+def test_scratch_dirs_of_a_dead_writer_with_this_process_id_are_removed(tmp_path):
+    """Containers run every trainer as PID 1: a scratch dir named with this process's pid but another nonce (or the
+    old name without one) was left by a dead predecessor, and the next save removes it."""
+    root = tmp_path / "checkpoints"
+    stale = [root / f".tmp-step_3-{os.getpid()}", root / f".tmp-step_4-{os.getpid()}-0badf00d"]
+    for d in stale:
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text("{}")
+    ck.save_checkpoint(tmp_path, 5, torch.nn.Linear(2, 2), config={})
+    assert [p.name for p in root.iterdir()] == ["step_5"]
 
 
 # --- corrupt newest checkpoint ---------------------------------------------------------------------------------
@@ -293,8 +350,15 @@ def test_checkpoint_of_a_compiled_run_resumes_in_eager(prepared, tmp_path, capsy
     assert saved.keys() == ref.keys()
     for k in saved:  # compiled kernels may round differently, but train the same weights
         torch.testing.assert_close(saved[k], ref[k], rtol=1e-4, atol=1e-5)
-    # The config differs only in train.* (compile is not frozen): resume the compiled run without compiling.
-    resume = ["--train.save_every=2", "--train.eval_every=100", "--train.max_steps=4", "--resume"]
+    # A resumed run keeps its saved config; train.* may be changed (compile is not frozen): resume the compiled
+    # run without compiling.
+    resume = [
+        "--train.save_every=2",
+        "--train.eval_every=100",
+        "--train.max_steps=4",
+        "--resume",
+        "--train.compile=false",
+    ]
     rc, err = cli(capsys, *common(prepared, compiled, *resume))
     assert rc == 0, err
     assert cli(capsys, *common(prepared, eager, *resume))[0] == 0
@@ -305,18 +369,17 @@ def test_checkpoint_of_a_compiled_run_resumes_in_eager(prepared, tmp_path, capsy
         assert abs(float.fromhex(x["loss_hex"]) - float.fromhex(y["loss_hex"])) < 1e-4
 
 
-def test_fault_injection_spec():
-    from lmforge.errors import LMForgeError
-    from lmforge.train.faults import parse_fault_sleep
+def test_loop_callbacks_name_known_points():
+    from lmforge.train.callbacks import Callbacks
 
-    assert parse_fault_sleep(None) == {} and parse_fault_sleep("") == {}
-    assert parse_fault_sleep("eval:1.5, checkpoint:30") == {"eval": 1.5, "checkpoint": 30.0}
-    for bad in ("eval", "step:3", "eval:-1", "eval:soon"):
-        with pytest.raises(LMForgeError) as e:
-            parse_fault_sleep(bad)
-        assert str(e.value) == (
-            f"LMFORGE_FAULT_SLEEP: expected POINT:SECONDS with POINT one of eval, checkpoint, got {bad!r}"
-        )
+    seen: list[int] = []
+    cbs = Callbacks()
+    cbs.add("eval", seen.append)
+    cbs.fire("eval", 7)
+    cbs.fire("step", 8)
+    assert seen == [7]
+    with pytest.raises(ValueError, match="unknown loop point 'evaluate'"):
+        cbs.add("evaluate", seen.append)  # type: ignore[arg-type]
 
 
 # --- continued pretraining -----------------------------------------------------------------------------------------

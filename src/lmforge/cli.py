@@ -11,14 +11,14 @@ from lmforge.errors import LMForgeError
 
 
 def _pretrain(args: argparse.Namespace) -> None:
-    from lmforge.config import load_config
-    from lmforge.train.trainer import Trainer
+    from lmforge.api import pretrain_config
+    from lmforge.train.pretrain import Pretraining
 
-    cfg = load_config(args.recipe or "demo", args.overrides)
-    trainer = Trainer(cfg, resume=args.resume)
-    final = trainer.fit()
-    if trainer.dist.is_main:
-        _report_pretrain(trainer, final)
+    cfg = pretrain_config(args.recipe, args.overrides, resume=args.resume)
+    run = Pretraining(cfg, resume=args.resume)
+    final = run.fit()
+    if run.dist.is_main:
+        _report_pretrain(run, final)
 
 
 def _report_pretrain(trainer, final: dict) -> None:
@@ -49,7 +49,7 @@ def _report_pretrain(trainer, final: dict) -> None:
 def _finetune(args: argparse.Namespace) -> None:
     from lmforge.finetune_cli import cmd_finetune
 
-    cmd_finetune(args.recipe, args.init, args.overrides)
+    cmd_finetune(args.recipe, args.init, args.overrides, resume=args.resume)
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -66,14 +66,15 @@ def _align(args: argparse.Namespace) -> None:
     elif args.sub == "data":
         a.cmd_align_data(args.kind, args.out, args.source)
     else:
-        {"sft": a.cmd_sft, "reward": a.cmd_reward, "dpo": a.cmd_dpo}[args.sub](args.recipe, args.init, args.overrides)
+        run = {"sft": a.cmd_sft, "reward": a.cmd_reward, "dpo": a.cmd_dpo}[args.sub]
+        run(args.recipe, args.init, args.overrides, resume=args.resume)
 
 
 def _compress(args: argparse.Namespace) -> None:
     from lmforge.compress import cli as c
 
     if args.sub == "report":
-        c.cmd_compress_report(args.recipe, args.teacher, args.overrides)
+        c.cmd_compress_report(args.recipe, args.teacher, args.overrides, resume=args.resume)
     else:
         c.cmd_quantize(args.path, threads=args.threads)
 
@@ -147,19 +148,67 @@ def _probe(args: argparse.Namespace) -> None:
     cmd_probe(args.target, args.n_positions)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose epilog is built only when help is shown (`epilog_fn`): listing every config key
+    imports the registries, which the other commands need not wait for."""
+
+    def __init__(self, *args, epilog_fn=None, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def _schema_help(kind: str):
+    def build() -> str:
+        from lmforge.confighelp import schema_help
+
+        if kind == "align":
+            from lmforge.align.config import AlignConfig as schema
+        else:
+            from lmforge.compress.config import CompressConfig as schema
+        return schema_help(kind, schema)
+
+    return build
+
+
+def _pretrain_help() -> str:
+    from lmforge.confighelp import pretrain_help
+
+    return pretrain_help()
+
+
+def _finetune_help() -> str:
+    from lmforge.confighelp import finetune_help
+
+    return finetune_help()
+
+
+def _config_show(args: argparse.Namespace) -> None:
+    from lmforge.config_show import show_config
+
+    print(show_config(args.recipe, args.kind, args.overrides, init=args.init, resume=args.resume), end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmforge", description="Pretrain, adapt and evaluate transformer LMs.")
+    p = _Parser(prog="lmforge", description="Pretrain, adapt and evaluate transformer LMs.")
     p.add_argument("--debug", action="store_true", help="show full tracebacks (accepted anywhere)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    pt = sub.add_parser("pretrain", help="pretrain a model from a recipe (default: the demo)")
+    pt = sub.add_parser("pretrain", help="pretrain a model from a recipe (default: the demo)", epilog_fn=_pretrain_help)
     pt.add_argument("recipe", nargs="?", help="recipe path or bundled name (e.g. gpt)")
     pt.add_argument("--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint")
     pt.set_defaults(fn=_pretrain)
 
-    ft = sub.add_parser("finetune", help="fine-tune a model on a labelled task")
+    ft = sub.add_parser("finetune", help="fine-tune a model on a labelled task", epilog_fn=_finetune_help)
     ft.add_argument("recipe", nargs="?", help="recipe path or bundled name in recipes/finetune (default sst2-gpt)")
     ft.add_argument("--init", help="pretrained run/checkpoint/HF dir, fine-tuned run, preset, or none")
+    ft.add_argument("--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint")
     ft.set_defaults(fn=_finetune)
 
     ev = sub.add_parser("eval", help="evaluate a fine-tuned run, or zero/few-shot a pretrained model")
@@ -173,9 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sub", required=True
     )
     for name, what in [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO")]:
-        ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align")
+        ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align", epilog_fn=_schema_help("align"))
         ap.add_argument("recipe", nargs="?")
         ap.add_argument("--init", help="pretrained (or SFT) run/checkpoint dir")
+        ap.add_argument(
+            "--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint"
+        )
         ap.set_defaults(fn=_align)
     bo = al.add_parser("best-of-n", help="sample n answers and keep the reward model's favourite")
     bo.add_argument("policy")
@@ -194,14 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
     co = sub.add_parser("compress", help="distillation, int8 quantisation, pruning").add_subparsers(
         dest="sub", required=True
     )
-    cr = co.add_parser("report", help="distil/quantise/prune a fine-tuned teacher and tabulate size, latency, accuracy")
+    cr = co.add_parser(
+        "report", help="distil/quantise/prune a fine-tuned teacher and tabulate size, latency, accuracy",
+        epilog_fn=_schema_help("compress"),
+    )  # fmt: skip
     cr.add_argument("recipe", nargs="?")
     cr.add_argument("--teacher", help="fine-tuned run dir (default: the recipe's)")
+    cr.add_argument("--resume", action="store_true", help="continue an interrupted report (finished parts are kept)")
     cr.set_defaults(fn=_compress)
     cq = co.add_parser("quantize", help="int8 dynamic quantisation of a checkpoint: size and CPU latency")
     cq.add_argument("path")
     cq.add_argument("--threads", type=int, default=1)
     cq.set_defaults(fn=_compress)
+
+    cf = sub.add_parser("config", help="show the resolved config a command would run").add_subparsers(
+        dest="sub", required=True
+    )
+    cs = cf.add_parser("show", help="print the resolved YAML of a recipe with overrides (as the run would save it)")
+    cs.add_argument("recipe", nargs="?", help="recipe name or path (default: the pretraining demo)")
+    cs.add_argument("--kind", choices=["pretrain", "finetune", "align", "compress"], help="default: from the recipe")
+    cs.add_argument("--init", help="finetune/align: the model to start from")
+    cs.add_argument("--resume", action="store_true", help="the config a resumed run in --run.dir continues with")
+    cs.set_defaults(fn=_config_show)
 
     g = sub.add_parser("generate", help="generate text from a run dir or checkpoint dir")
     g.add_argument("checkpoint", type=Path)
@@ -268,14 +334,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `lmforge` command → its exit code. --debug and --quiet are accepted anywhere on the line."""
+    from lmforge.progress import is_quiet, set_quiet
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv  # accepted anywhere on the line
-    argv = [a for a in argv if a != "--debug"]
+    was_quiet = is_quiet()
+    set_quiet(was_quiet or "--quiet" in argv)
+    try:
+        return _run(argv)
+    finally:
+        set_quiet(was_quiet)
+
+
+def _run(argv: list[str]) -> int:
+    debug = "--debug" in argv
+    argv = [a for a in argv if a not in ("--debug", "--quiet")]
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
     if args.command in ("pretrain", "finetune", "eval") or (args.command, getattr(args, "sub", None)) in (
-        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"),
+        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"), ("config", "show"),
     ):  # fmt: skip
         args.overrides = extra
     elif extra:

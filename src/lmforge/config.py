@@ -7,24 +7,26 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
+from lmforge.config_types import NonNegFloat, NonNegInt, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
+from lmforge.sections import LoopConfig, OptimConfig, RunConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
 @dataclass
-class RunConfig:
+class PretrainRunConfig(RunConfig):
     dir: str = "runs/demo"
-    """Run directory: config.yaml, metrics.jsonl, checkpoints/, plots/."""
-    seed: int = 0
+    """Run directory: config.yaml, metrics.jsonl, checkpoints/, plots/, tokenizer/, data/."""
     init: str | None = None
     """Continue pretraining from this run's latest checkpoint (or this checkpoint dir): domain- or task-adaptive
     pretraining on new data. Its model section replaces model.*, and its tokenizer is used unless data.tokenizer
@@ -38,14 +40,16 @@ class DataConfig:
     prepared: str | None = None
     """A directory made by `lmforge data prepare` to train on directly (skips tokenizer training and prepare)."""
     tokenizer: str | None = None
-    """A tokenizer dir/file to use; None = train one on the inputs."""
+    """A tokenizer dir/file, or a published tokenizer by name (gpt2); None = train one on the inputs."""
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
     tokenizer_family: Literal["gpt", "bert", "t5", "bart", "llama"] | None = None
     """Special-token set of a tokenizer trained for this run (None: gpt for decoders, bert for encoders,
     t5 for encoder-decoders)."""
-    vocab_size: int = 4096
-    """Vocabulary size of a tokenizer trained for this run."""
-    val_fraction: float = 0.05
+    vocab_size: PosInt = 4096
+    """Vocabulary size of a tokenizer trained for this run. A recipe's value gives way to a preset the user
+    names (--model.preset), and the model's vocab_size follows the tokenizer."""
+    val_fraction: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.05
+    """Fraction of the documents held out for validation."""
     clean: bool = False
     """Apply the C4 cleaning rules before tokenizing."""
 
@@ -59,53 +63,27 @@ class ObjectiveConfig:
 
 
 @dataclass
-class TrainConfig:
-    max_steps: int = 1000
-    batch_size: int = 16
-    """Sequences per device per micro-step."""
-    grad_accum: int = 1
-    seq_len: int = 256
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of lr."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    """Clip the global gradient norm (0 = off)."""
-    eval_every: int = 200
-    eval_batches: int = 20
-    save_every: int = 500
-    keep_last: int = 3
-    log_every: int = 10
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """auto = bf16 autocast on GPUs that support it, fp32 on CPU."""
-    compile: bool = False
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
-    """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
-    launches (small batches, many layers: compiled T5-base at 16×512 on an H200 gives 291k tokens/s with them,
-    166k–235k without)."""
-    device: str = "auto"
-    deterministic: bool = False
-    """Deterministic algorithms (bitwise-reproducible CPU runs)."""
-    max_nonfinite: int = 5
-    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+class TrainConfig(LoopConfig, OptimConfig):
+    """The pretraining loop and its optimizer."""
+
+    seq_len: PosInt = 256
+    """Tokens per training sequence (at most the model's max_seq_len)."""
+    eval_batches: PosInt = 20
+    """Validation batches per evaluation."""
 
 
 @dataclass
 class SampleConfig:
     prompts: list[str] = field(default_factory=lambda: ["It is a truth universally acknowledged"])
-    max_new_tokens: int = 60
-    temperature: float = 0.8
-    top_k: int = 40
+    """Prompts sampled from at the end of a decoder's pretraining (empty = none)."""
+    max_new_tokens: NonNegInt = 60
+    temperature: NonNegFloat = 0.8
+    top_k: PosInt | None = 40
 
 
 @dataclass
 class Config:
-    run: RunConfig = field(default_factory=RunConfig)
+    run: PretrainRunConfig = field(default_factory=PretrainRunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
@@ -116,9 +94,14 @@ class Config:
 # --- parsing ------------------------------------------------------------------------------------------------
 
 
+def field_types(cls: type) -> dict[str, Any]:
+    """Field name → type of a config dataclass, range annotations (`Annotated[int, Range]`) kept."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 def all_keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
         if dataclasses.is_dataclass(t):
@@ -128,15 +111,31 @@ def all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _type_name(t: Any) -> str:
-    if typing.get_origin(t) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(t))
-    return getattr(t, "__name__", str(t)).replace("NoneType", "null")
+def type_name(t: Any) -> str:
+    """A field type as users read it: "integer > 0", "one of 'a', 'b'", "number or null"."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is Annotated:
+        ranges = [a for a in t.__metadata__ if isinstance(a, Range)]
+        return type_name(args[0]) + "".join(f" {r.describe()}" for r in ranges)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in args)
+    if origin is list:
+        return f"list of {type_name(args[0])}"
+    names = {int: "integer", float: "number", str: "string", bool: "true/false", type(None): "null"}
+    return names.get(t, getattr(t, "__name__", str(t)))
 
 
 def coerce(value: Any, t: Any, key: str) -> Any:
     """Check/convert one value against a field type; raise a one-line LMForgeError on mismatch."""
     origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is Annotated:
+        value = coerce(value, args[0], key)
+        for check in t.__metadata__:
+            if isinstance(check, Range):
+                check.check(key, value)
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -152,7 +151,7 @@ def coerce(value: Any, t: Any, key: str) -> Any:
     if origin is Literal:
         if value in args:
             return value
-        raise LMForgeError(f"{key}: expected {_type_name(t)}, got {value!r}")
+        raise LMForgeError(f"{key}: expected {type_name(t)}, got {value!r}")
     if origin is list:
         if isinstance(value, str):
             value = [value]
@@ -190,7 +189,7 @@ def build_dataclass(cls: type, raw: dict, prefix: str, known: list[str]) -> Any:
     did-you-mean suggestions."""
     if not isinstance(raw, dict):
         raise LMForgeError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in raw.items():
@@ -292,8 +291,140 @@ def write_yaml(path: Path, data: dict) -> None:
 def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
     """Recipe YAML (path or bundled name) + dotted overrides → validated Config.
 
-    `model.preset` picks a registered architecture; other model.* keys override its fields."""
-    return build_config(recipe_dict(recipe, "pretrain", overrides))
+    `model.preset` picks a registered architecture; other model.* keys override its fields. What the user asks
+    for wins over the recipe, and a preset's limits over recipe values the user did not set (`fit_to_model`)."""
+    user = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    base = read_yaml(resolve_recipe(str(recipe), "pretrain")) if recipe is not None else {}
+    cfg = build_config(merge_dicts(base, user))
+    if recipe is not None and cfg.run.recipe is None:
+        cfg.run.recipe = str(recipe)
+    fit_to_model(cfg, base, user)
+    return cfg
+
+
+CHANGEABLE_ON_RESUME = ("train.", "sample.", "run.dir")
+FIXED_ON_RESUME = ("train.seq_len", "train.batch_size", "train.optimizer", "train.layer_decay")
+"""Keys of the train section that the saved data position or optimizer state depends on."""
+RESUME_FIXED = ("train.batch_size", "train.optimizer", "train.layer_decay")
+"""The same for runs over examples (fine-tuning, alignment): no sequence length."""
+
+
+def flat_keys(tree: dict, prefix: str = "") -> list[str]:
+    """The dotted keys a raw (nested) config dict sets."""
+    out = []
+    for k, v in tree.items():
+        out += flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+    return out
+
+
+def get_key(tree: dict, dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def resumed(
+    run_dir: Path, recipe: str | None, overrides: list[str] | dict | None, build: Callable[[dict], Any],
+    dump: Callable[[Any], dict], fixed: tuple[str, ...] = FIXED_ON_RESUME,
+) -> Any | None:  # fmt: skip
+    """The config a resumed run continues with: its own RUN/config.yaml with the user's overrides on top (None
+    when the run has no config yet), built by `build` and dumped back by `dump`. Overrides may change train.*
+    (except the `fixed` keys the saved data position depends on) and sample.*, and apply from the resumed step on;
+    anything else is refused with one line."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    saved = read_yaml(path)
+    user = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    made_with = get_key(saved, "run.recipe")
+    if recipe is not None and made_with is not None and Path(str(recipe)).stem != Path(str(made_with)).stem:
+        raise LMForgeError(f"cannot resume {run_dir} with recipe '{recipe}': the run was made with '{made_with}'")
+    cfg = build(merge_dicts(saved, user))
+    new = dump(cfg)
+    for key in flat_keys(user):
+        was, now = get_key(saved, key), get_key(new, key)
+        if key == "model.preset" and was is None:  # a pretraining config keeps the preset's name, not the key
+            was, now = get_key(saved, "model.name"), get_key(user, key)
+        allowed = key.startswith(CHANGEABLE_ON_RESUME) and key not in fixed
+        if not allowed and now != was:
+            raise LMForgeError(
+                f"cannot change {key} when resuming ({was!r} → {now!r}): start a new run with another --run.dir"
+            )
+    return cfg
+
+
+def resolved_run_dir(recipe: str | None, kind: str, user: dict, default: str | None = None) -> Path:
+    """The run dir a command line names: --run.dir, else the recipe's run.dir, else `default`."""
+    found = get_key(user, "run.dir")
+    if found is None and recipe is not None:
+        found = get_key(read_yaml(resolve_recipe(recipe, kind)), "run.dir")
+    if found is None and default is None:
+        raise LMForgeError("--resume needs the run: pass --run.dir=DIR")
+    return Path(found or default)
+
+
+def load_resume_config(run_dir: Path, recipe: str | None, overrides: list[str] | dict | None) -> Config | None:
+    """A resumed pretraining run's config (`resumed`), None when the run has none yet."""
+    return resumed(run_dir, recipe, overrides, build_config, to_dict)
+
+
+def has_key(tree: dict, dotted: str) -> bool:
+    """Whether a raw (nested) config dict sets the dotted key."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
+    """Reconcile the recipe's data and train values with the model, before any work is done.
+
+    - Vocabulary: a tokenizer trained for the run has data.vocab_size tokens, and the model's vocab_size follows
+      it. The user's data.vocab_size (or model.vocab_size) wins; a preset the user names wins over the recipe's
+      data.vocab_size; otherwise the recipe's value stands. A given tokenizer sets the model's vocab_size unless
+      the user pinned model.vocab_size (to at least the tokenizer's size).
+    - Sequence length: train.seq_len may not exceed the model's max_seq_len. A value the user gave is refused;
+      a recipe's value gives way to the preset's limit."""
+    from lmforge.progress import status
+
+    notes = []
+    m, d, t = cfg.model, cfg.data, cfg.train
+    user_model_vocab = has_key(user, "model.vocab_size")
+    if d.tokenizer:
+        from lmforge.tokenizers.published import tokenizer_vocab_size
+
+        size = tokenizer_vocab_size(d.tokenizer)
+        if not user_model_vocab:
+            m.vocab_size = size
+        elif m.vocab_size < size:
+            raise LMForgeError(f"model.vocab_size={m.vocab_size} is smaller than the tokenizer's {size} tokens")
+    elif not d.prepared:
+        if has_key(user, "data.vocab_size"):
+            vocab = d.vocab_size
+        elif user_model_vocab or has_key(user, "model.preset") or not has_key(recipe, "data.vocab_size"):
+            vocab = m.vocab_size
+            if has_key(recipe, "data.vocab_size") and vocab != d.vocab_size:
+                notes.append(f"data.vocab_size {d.vocab_size} → {vocab} (model {m.name}'s vocabulary)")
+        else:
+            vocab = d.vocab_size
+        d.vocab_size = vocab
+        if not user_model_vocab:
+            m.vocab_size = vocab
+        elif m.vocab_size < vocab:
+            raise LMForgeError(f"model.vocab_size={m.vocab_size} is smaller than data.vocab_size={vocab}")
+    if t.seq_len > m.max_seq_len:
+        if has_key(user, "train.seq_len"):
+            raise LMForgeError(
+                f"train.seq_len={t.seq_len} exceeds model {m.name}'s max_seq_len {m.max_seq_len}: lower "
+                f"--train.seq_len or raise --model.max_seq_len"
+            )
+        notes.append(f"train.seq_len {t.seq_len} → {m.max_seq_len} (model {m.name}'s max_seq_len)")
+        t.seq_len = m.max_seq_len
+    for note in notes:
+        status(f"note: {note}")
 
 
 def build_config(raw: dict) -> Config:
@@ -311,6 +442,11 @@ def build_config(raw: dict) -> Config:
     cfg.objective = build_objective_config(objective_raw)
     cfg.model.validate()
     return cfg
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    """A validated ModelConfig from a saved model section (a checkpoint's config.yaml)."""
+    return build_config({"model": d}).model
 
 
 def build_objective_config(raw: dict) -> ObjectiveConfig:

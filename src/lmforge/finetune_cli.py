@@ -10,14 +10,30 @@ from lmforge.errors import LMForgeError
 RESULTS_FILE = "eval-results.json"
 
 
-def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str]) -> dict[str, float]:
+def finetune_config(recipe: str | None, init: str | None, overrides: list[str] | dict, resume: bool = False):
+    """The FinetuneConfig `lmforge finetune` runs: with --resume, the run's saved config with the overrides on top;
+    else the recipe (default sst2-gpt) with `--init` and the overrides."""
+    from lmforge.config import RESUME_FIXED, parse_overrides, resolved_run_dir, resumed
+    from lmforge.tasks.config import build_finetune_config, finetune_to_dict, load_finetune_config
+
+    user = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    if resume:
+        run_dir = resolved_run_dir(recipe or "sst2-gpt", "finetune", user)
+        cfg = resumed(run_dir, recipe, user, build_finetune_config, finetune_to_dict, fixed=RESUME_FIXED)
+        if cfg is not None:
+            if init is not None and init != cfg.model.init:
+                raise LMForgeError(f"cannot resume {run_dir} with --init {init}: the run fine-tunes {cfg.model.init}")
+            return cfg
+    return load_finetune_config(recipe or "sst2-gpt", user, init=init)
+
+
+def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], resume: bool = False) -> dict[str, float]:
     """Fine-tune `init` (a run/checkpoint/HF dir, a preset, or none) on the recipe's task; print and return the
     best checkpoint's dev metrics (also in RUN/eval.json)."""
-    from lmforge.tasks.config import load_finetune_config
     from lmforge.train.finetune import FineTuner
 
-    cfg = load_finetune_config(recipe or "sst2-gpt", overrides, init=init)
-    tuner = FineTuner(cfg)
+    cfg = finetune_config(recipe, init, overrides, resume)
+    tuner = FineTuner(cfg, resume=resume)
     main = tuner.dist.is_main
     n = {k: len(v.examples) for k, v in tuner.splits.items()}
     if main:
@@ -50,7 +66,7 @@ def _finetuned_run(path: Path) -> bool:
     if _is_hf_only(path):
         return False
     try:
-        return is_finetuned(ckpt.read_config(ckpt.latest_checkpoint(path)))
+        return is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path)))
     except LMForgeError:
         return False
 

@@ -7,39 +7,60 @@ from pathlib import Path
 from lmforge.errors import LMForgeError
 
 
-def _run(method: str, recipe: str | None, init: str | None, overrides: list[str]) -> dict[str, float]:
-    from lmforge.align.config import load_align_config
-    from lmforge.align.run import run_align
+def align_config(method: str, recipe: str, init: str | None, overrides: list[str] | dict, resume: bool = False):
+    """The AlignConfig `lmforge align METHOD` runs: with --resume, the run's saved config with the overrides on top;
+    else the recipe with `--init` and the overrides."""
+    from lmforge.align.config import align_to_dict, build_align_config, load_align_config
+    from lmforge.config import RESUME_FIXED, parse_overrides, resolved_run_dir, resumed
 
-    cfg = load_align_config(recipe, list(overrides or []), init=init)
+    user = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or []))
+    cfg = None
+    if resume:
+        run_dir = resolved_run_dir(recipe, "align", user)
+        cfg = resumed(run_dir, recipe, user, build_align_config, align_to_dict, fixed=RESUME_FIXED)
+    if cfg is None:
+        cfg = load_align_config(recipe, user, init=init)
     if cfg.method != method:
         raise LMForgeError(f"recipe {recipe} is a '{cfg.method}' recipe, not '{method}'")
+    return cfg
+
+
+def _run(method: str, recipe: str, init: str | None, overrides: list[str], resume: bool = False) -> dict[str, float]:
+    from lmforge.align.run import run_align
+
+    cfg = align_config(method, recipe, init, overrides, resume)
     print(f"{method}: {cfg.model.init} on {cfg.data.train or ', '.join(cfg.data.sources)}, {cfg.train.max_steps} steps")
-    final = run_align(cfg)
+    final = run_align(cfg, resume)
     print("dev: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     print(f"run saved in {cfg.run.dir}")
     return final
 
 
-def cmd_sft(recipe: str | None, init: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+def cmd_sft(
+    recipe: str | None, init: str | None = None, overrides: list[str] | None = None, resume: bool = False
+) -> dict[str, float]:
     """Instruction-tune `init` (default recipe: sft-sentiment); prints and returns the dev metrics."""
-    return _run("sft", recipe or "sft-sentiment", init, overrides or [])
+    return _run("sft", recipe or "sft-sentiment", init, overrides or [], resume)
 
 
-def cmd_reward(recipe: str | None, init: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+def cmd_reward(
+    recipe: str | None, init: str | None = None, overrides: list[str] | None = None, resume: bool = False
+) -> dict[str, float]:
     """Train a reward model on preference pairs (default recipe: reward-continuation)."""
-    return _run("reward", recipe or "reward-continuation", init, overrides or [])
+    return _run("reward", recipe or "reward-continuation", init, overrides or [], resume)
 
 
-def cmd_dpo(recipe: str | None, init: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+def cmd_dpo(
+    recipe: str | None, init: str | None = None, overrides: list[str] | None = None, resume: bool = False
+) -> dict[str, float]:
     """DPO-tune `init` (usually an SFT run) on preference pairs (default recipe: dpo-continuation)."""
-    return _run("dpo", recipe or "dpo-continuation", init, overrides or [])
+    return _run("dpo", recipe or "dpo-continuation", init, overrides or [], resume)
 
 
 def _template_of(run: str) -> str:
     from lmforge.train import checkpoint as ckpt
 
-    raw = ckpt.read_config(ckpt.latest_checkpoint(Path(run)))
+    raw = ckpt.read_config(ckpt.model_checkpoint(Path(run)))
     return ((raw.get("align") or {}).get("model") or {}).get("template", "chat")
 
 

@@ -8,18 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from lmforge.align.train import LoopConfig
+from lmforge.align.train import AlignTrainConfig
 from lmforge.config import all_keys, build_dataclass, recipe_dict, write_yaml
 from lmforge.errors import LMForgeError
+from lmforge.sections import RunConfig
 
 Method = Literal["sft", "reward", "dpo"]
 
 
 @dataclass
-class AlignRunConfig:
+class AlignRunConfig(RunConfig):
     dir: str = "runs/align"
     """Run directory: config.yaml, metrics.jsonl, eval.json, checkpoints/step_N."""
-    seed: int = 0
 
 
 @dataclass
@@ -83,7 +83,7 @@ class AlignConfig:
     run: AlignRunConfig = field(default_factory=AlignRunConfig)
     model: AlignModelConfig = field(default_factory=AlignModelConfig)
     data: AlignDataConfig = field(default_factory=AlignDataConfig)
-    train: LoopConfig = field(default_factory=LoopConfig)
+    train: AlignTrainConfig = field(default_factory=AlignTrainConfig)
     sft: SFTOptions = field(default_factory=SFTOptions)
     dpo: DPOOptions = field(default_factory=DPOOptions)
 
@@ -95,12 +95,6 @@ def build_align_config(raw: dict) -> AlignConfig:
 
 
 def _validate(cfg: AlignConfig) -> None:
-    t = cfg.train
-    for name in ("max_steps", "batch_size", "eval_every", "log_every"):
-        if getattr(t, name) <= 0:
-            raise LMForgeError(f"train.{name} must be positive, got {getattr(t, name)}")
-    if t.lr <= 0:
-        raise LMForgeError(f"train.lr must be positive, got {t.lr}")
     if cfg.model.max_len < 8:
         raise LMForgeError(f"model.max_len must be at least 8, got {cfg.model.max_len}")
     if cfg.sft.pack and cfg.sft.pack_len < cfg.model.max_len:
@@ -118,7 +112,10 @@ def load_align_config(
 ) -> AlignConfig:
     """Recipe (path or bundled name in recipes/align/) + dotted overrides (+ `--init`) → AlignConfig."""
     extra = {"model": {"init": init}} if init is not None else None
-    return build_align_config(recipe_dict(recipe, "align", overrides, extra))
+    cfg = build_align_config(recipe_dict(recipe, "align", overrides, extra))
+    if recipe is not None and cfg.run.recipe is None:
+        cfg.run.recipe = str(recipe)
+    return cfg
 
 
 def align_to_dict(cfg: AlignConfig) -> dict:

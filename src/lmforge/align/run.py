@@ -14,13 +14,19 @@ from lmforge.align.config import AlignConfig, align_to_dict, save_align_config
 from lmforge.align.data import PreferencePair, read_instructions, read_preferences
 from lmforge.align.datasets import instruction_set, preference_set
 from lmforge.align.dpo import DPO, dpo_metrics, frozen_copy
+from lmforge.align.packing import pack_batch, pad_batch
 from lmforge.align.reward import RewardModel, pair_batch, reward_accuracy, reward_loss
-from lmforge.align.sft import choice_accuracy, encode_all, response_loss, sft_batches, sft_loss
+from lmforge.align.sft import choice_accuracy, encode_all, response_loss, sft_loss
 from lmforge.align.templates import Conversation, add_role_tokens, get_template
-from lmforge.align.train import cycle, initial_model, pick_device, save_run, seed_everything, train_loop
+from lmforge.align.train import ShuffledBatches, initial_model
 from lmforge.errors import LMForgeError
 from lmforge.train import checkpoint as ckpt
+from lmforge.train.distributed import cleanup, init_distributed, rank_seed
+from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger
+from lmforge.train.resume import resume_checkpoint
+from lmforge.train.rundir import lock_run_dir
+from lmforge.train.setup import pick_device, seed_everything
 
 
 def _split(items: list, dev: list | None) -> tuple[list, list]:
@@ -63,7 +69,7 @@ def _texts(items: list) -> list[str]:
     return out
 
 
-def _policy(cfg: AlignConfig, train_items: list):
+def _policy(cfg: AlignConfig, train_items: list, device: torch.device):
     """(model on the device, tokenizer, template, pad id). model.max_len is capped at the model's max_seq_len
     when its positions are learned (they end there)."""
     m = cfg.model
@@ -73,39 +79,71 @@ def _policy(cfg: AlignConfig, train_items: list):
     if m.template == "chat" and m.role_tokens:
         add_role_tokens(model, tok)
     pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
-    return model.to(pick_device(cfg.train.device)), tok, get_template(m.template, tok), pad
+    return model.to(device), tok, get_template(m.template, tok), pad
 
 
 class Run:
-    """The shared frame of an alignment run: run dir checks, config, metrics log, final checkpoint."""
+    """The frame of an alignment run around the one loop: the locked run dir, the config, the metrics log, the
+    resumable checkpoints (the last one is the run's model: `lmforge.load(RUN)`) and eval.json."""
 
-    def __init__(self, cfg: AlignConfig) -> None:
-        self.cfg, self.dir = cfg, Path(cfg.run.dir)
-        if (self.dir / ckpt.CHECKPOINTS_DIR).is_dir() and any((self.dir / ckpt.CHECKPOINTS_DIR).iterdir()):
-            raise LMForgeError(f"run dir {self.dir} already has checkpoints: choose another --run.dir")
-        seed_everything(cfg.run.seed)
+    def __init__(self, cfg: AlignConfig, resume: bool = False) -> None:
+        self.cfg, self.dir, self.resume = cfg, Path(cfg.run.dir), resume
+        self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(cfg.train.device, self.dist)
+        self.lock = lock_run_dir(self.dir, self.dist)
+        try:
+            self.resume_from = resume_checkpoint(
+                self.dir, align_to_dict(cfg), resume, self.dist.is_main, FROZEN, saved_as="align"
+            )
+        except BaseException:
+            self.lock.release()
+            raise
+        seed_everything(rank_seed(cfg.run.seed, self.dist.rank))
 
-    def start(self) -> MetricsLogger:
-        save_align_config(self.cfg, self.dir / ckpt.CONFIG_FILE)
-        return MetricsLogger(self.dir, resume_step=0)
+    def train(self, model, tok, loss_fn, items: list, make, evaluate, extra: dict | None = None) -> dict[str, float]:
+        """Train `model` with `loss_fn` on shuffled batches of `items` (`make` turns a chunk into tensors) and
+        `evaluate()` every eval_every steps; write eval.json. Returns the final dev metrics."""
+        cfg, d = self.cfg, self.dist
+        try:
+            core = model.backbone if isinstance(model, RewardModel) else model
+            config = {"model": dataclasses.asdict(core.config), "align": align_to_dict(cfg), **(extra or {})}
+            batches = ShuffledBatches(items, cfg.train.batch_size, cfg.run.seed, make, d)
+            spec = LoopSpec(
+                saved=lambda: Saved(model, config, tok),
+                evaluate=lambda step: evaluate() if d.is_main else {},
+                eval_prefix="dev_",
+                resume_hint=f"lmforge align {cfg.method} --run.dir={self.dir} --resume",
+            )
+            loop = Loop(model, loss_fn, batches, cfg.train, self.dir, spec, dist=d, device=self.device, log=None)
+            if self.resume_from is not None:
+                loop.restore(self.resume_from)
+            log = MetricsLogger(self.dir, resume_step=loop.step, sinks=cfg.train.log_to) if d.is_main else None
+            loop.log = log
+            if d.is_main:
+                save_align_config(cfg, self.dir / ckpt.CONFIG_FILE)
+            try:
+                metrics = loop.run()
+            finally:
+                if log is not None:
+                    log.close()
+            model.eval()
+            if d.is_main:
+                (self.dir / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+            return metrics
+        finally:
+            self.lock.release()
+            cleanup(d)
 
-    def finish(self, model, tok, metrics: dict[str, float], extra: dict | None = None) -> dict[str, float]:
-        config = {"model": dataclasses.asdict(_core(model).config), "align": align_to_dict(self.cfg), **(extra or {})}
-        save_run(self.dir, self.cfg.train.max_steps, model, config, tok)
-        (self.dir / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-        return metrics
+
+def _batch_maker(fn, *args):
+    return lambda chunk: fn(chunk, *args)
 
 
-def _core(model):
-    return model.backbone if isinstance(model, RewardModel) else model
-
-
-def run_sft(cfg: AlignConfig) -> dict[str, float]:
+def run_sft(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     """Instruction tuning; dev metrics: response NLL and, for closed questions, choice accuracy."""
-    run = Run(cfg)
+    run = Run(cfg, resume)
     train, dev = instruction_data(cfg)
-    model, tok, template, pad = _policy(cfg, train)
-    device = next(model.parameters()).device
+    model, tok, template, pad = _policy(cfg, train, run.device)
     examples = encode_all(template, train, cfg.model.max_len)
     dev_examples = encode_all(template, dev, cfg.model.max_len)
     closed = [c for c in dev if "choices" in c.meta]
@@ -118,51 +156,30 @@ def run_sft(cfg: AlignConfig) -> dict[str, float]:
             out["choice_accuracy"] = choice_accuracy(model, template, closed, choices, pad, cfg.model.max_len)
         return out
 
-    batches = (
-        {k: v.to(device) for k, v in b.items()}
-        for b in sft_batches(examples, cfg.train.batch_size, pad, cfg.run.seed, pack_len)
-    )
-    log = run.start()
-    try:
-        metrics = train_loop(model, lambda b: sft_loss(model, b), batches, cfg.train, evaluate=evaluate, log=log)
-    finally:
-        log.close()
-    return run.finish(model, tok, metrics)
+    make = (lambda chunk: pack_batch(chunk, pack_len, pad)) if pack_len else (lambda chunk: pad_batch(chunk, pad))
+    return run.train(model, tok, sft_loss, examples, make, evaluate)
 
 
-def _pair_batches(pairs, template, pad, cfg: AlignConfig, device):
-    for chunk in cycle(pairs, cfg.train.batch_size, cfg.run.seed):
-        yield {k: v.to(device) for k, v in pair_batch(chunk, template, pad, cfg.model.max_len).items()}
-
-
-def run_reward(cfg: AlignConfig) -> dict[str, float]:
+def run_reward(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     """Reward model on preference pairs; dev metrics: pairwise accuracy and mean reward margin."""
-    run = Run(cfg)
+    run = Run(cfg, resume)
     train, dev = preference_data(cfg)
-    backbone, tok, template, pad = _policy(cfg, train)
-    device = next(backbone.parameters()).device
-    model = RewardModel(backbone).to(device)
-    log = run.start()
-    try:
-        metrics = train_loop(
-            model, lambda b: reward_loss(model, b), _pair_batches(train, template, pad, cfg, device), cfg.train,
-            evaluate=lambda: reward_accuracy(model, dev, template, pad, cfg.model.max_len), log=log,
-        )  # fmt: skip
-    finally:
-        log.close()
-    return run.finish(model, tok, metrics, {"reward_model": True})
+    backbone, tok, template, pad = _policy(cfg, train, run.device)
+    model = RewardModel(backbone).to(run.device)
+    make = _batch_maker(pair_batch, template, pad, cfg.model.max_len)
+    evaluate = lambda: reward_accuracy(model, dev, template, pad, cfg.model.max_len)  # noqa: E731
+    return run.train(model, tok, reward_loss, train, make, evaluate, {"reward_model": True})
 
 
-def run_dpo(cfg: AlignConfig) -> dict[str, float]:
+def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     """DPO against a frozen reference; dev metrics: implicit-reward margin/accuracy and log-prob margin."""
-    run = Run(cfg)
+    run = Run(cfg, resume)
     train, dev = preference_data(cfg)
-    policy, tok, template, pad = _policy(cfg, train)
-    device = next(policy.parameters()).device
+    policy, tok, template, pad = _policy(cfg, train, run.device)
     if cfg.dpo.reference:
         from lmforge.api import load
 
-        reference = frozen_copy(load(cfg.dpo.reference)[0]).to(device)
+        reference = frozen_copy(load(cfg.dpo.reference)[0]).to(run.device)
         if reference.config.vocab_size != policy.config.vocab_size:
             raise LMForgeError(
                 f"dpo.reference has vocab_size {reference.config.vocab_size}, the policy {policy.config.vocab_size}"
@@ -171,32 +188,28 @@ def run_dpo(cfg: AlignConfig) -> dict[str, float]:
         reference = frozen_copy(policy)
     dpo = DPO(reference, cfg.dpo.beta, cfg.dpo.label_smoothing)
     L = cfg.model.max_len
-    log = run.start()
-    try:
-        metrics = train_loop(
-            policy, lambda b: dpo.loss(policy, b), _pair_batches(train, template, pad, cfg, device), cfg.train,
-            evaluate=lambda: dpo_metrics(policy, reference, dev, template, pad, L, cfg.dpo.beta), log=log,
-        )  # fmt: skip
-    finally:
-        log.close()
-    return run.finish(policy, tok, metrics)
+    make = _batch_maker(pair_batch, template, pad, L)
+    evaluate = lambda: dpo_metrics(policy, reference, dev, template, pad, L, cfg.dpo.beta)  # noqa: E731
+    return run.train(policy, tok, dpo.loss, train, make, evaluate)
 
 
 RUNNERS = {"sft": run_sft, "reward": run_reward, "dpo": run_dpo}
+FROZEN = ("method", "model", "data", "sft", "dpo")
+"""Sections a resumed alignment run may not change."""
 
 
-def run_align(cfg: AlignConfig) -> dict[str, float]:
+def run_align(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     """Run the configured method; returns the final dev metrics (also in RUN/eval.json)."""
-    return RUNNERS[cfg.method](cfg)
+    return RUNNERS[cfg.method](cfg, resume)
 
 
 def load_reward_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[RewardModel, object]:
     """(reward model in eval mode, tokenizer) of a reward-model run or checkpoint dir."""
-    from lmforge.api import model_config_from_dict
+    from lmforge.config import model_config_from_dict
     from lmforge.models import Transformer
     from lmforge.tokenizers import Tokenizer
 
-    c = ckpt.latest_checkpoint(Path(path))
+    c = ckpt.model_checkpoint(Path(path))
     raw = ckpt.read_config(c)
     if not raw.get("reward_model"):
         raise LMForgeError(f"{c} is not a reward-model checkpoint")

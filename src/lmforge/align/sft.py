@@ -5,13 +5,11 @@ prompt is context, so only the response (and its closing EOS) is scored."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.align.packing import pack_batch, packed_hidden, pad_batch
+from lmforge.align.packing import packed_hidden, pad_batch
 from lmforge.align.templates import Conversation, Encoded, Message, Template
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
@@ -55,17 +53,6 @@ def encode_all(template: Template, convs: list[Conversation], max_len: int) -> l
     """Encoded examples; those whose response is truncated away entirely are dropped."""
     out = [template.encode(c, max_len) for c in convs]
     return [e for e in out if any(x != -100 for x in e.labels)]
-
-
-def sft_batches(
-    examples: list[Encoded], batch_size: int, pad_id: int, seed: int, pack_len: int | None = None
-) -> Iterator[dict[str, Tensor]]:
-    """Endless shuffled batches: `batch_size` padded examples, or (pack_len set) `batch_size` examples packed
-    into rows of pack_len tokens."""
-    from lmforge.align.train import cycle
-
-    for chunk in cycle(examples, batch_size, seed):
-        yield pack_batch(chunk, pack_len, pad_id) if pack_len else pad_batch(chunk, pad_id)
 
 
 @torch.no_grad()

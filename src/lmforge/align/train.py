@@ -1,49 +1,83 @@
-"""What SFT, reward-model and DPO runs share: the starting model, the optimisation loop, checkpoints."""
+"""What SFT, reward-model and DPO runs share: the starting model, the `train` section, resumable shuffled batches,
+and the run frame around the one training loop (`train/loop.py`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from lmforge.config import TrainConfig
+from lmforge.config_types import Fraction, NonNegFloat, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
-from lmforge.objectives.base import LossOutput
-from lmforge.train import checkpoint as ckpt
-from lmforge.train.metrics import MetricsLogger
-from lmforge.train.optim import build_optimizer, build_scheduler
+from lmforge.sections import LoopConfig, OptimConfig
+from lmforge.train.distributed import DistInfo
+from lmforge.train.prefetch import Batch
 
 FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 
 
 @dataclass
-class LoopConfig:
-    """Optimisation of an alignment run (the `train.*` keys of an align recipe)."""
+class AlignTrainConfig(LoopConfig, OptimConfig):
+    """Optimisation of an alignment run (the `train.*` keys of an align recipe): AdamW, linear warmup, then linear
+    decay to 10% of lr."""
 
-    max_steps: int = 200
-    batch_size: int = 16
-    lr: float = 1e-4
+    max_steps: PosInt = 200
+    batch_size: PosInt = 16
+    lr: NonNegFloat = 1e-4
     warmup_steps: int = 10
-    """Linear warmup, then linear decay to 10% of lr at max_steps."""
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    """Clip the global gradient norm (0 = off)."""
-    eval_every: int = 100
-    log_every: int = 10
-    device: str = "auto"
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
+    min_lr_ratio: Fraction = 0.1
+    weight_decay: NonNegFloat = 0.0
+    beta2: OpenFraction = 0.999
+    eval_every: PosInt = 100
+    save_every: PosInt | None = None
+    """Save a resumable checkpoint every N steps (None = at each evaluation)."""
+    keep_last: PosInt = 1
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+class ShuffledBatches:
+    """Endless shuffled mini-batches of `items` (a new permutation each epoch, seeded by (seed, epoch); the
+    incomplete last global batch is dropped unless it is the only one), each made into tensors by `make`. This
+    rank takes its `batch_size` slice of each global batch. Resumable: the state is (epoch, batch)."""
+
+    def __init__(self, items: list, batch_size: int, seed: int, make: Callable[[list], dict[str, Tensor]],
+                 dist: DistInfo | None = None) -> None:  # fmt: skip
+        if not items:
+            raise LMForgeError("no training examples")
+        self.items, self.batch_size, self.seed, self.make = items, batch_size, seed, make
+        self.dist = dist or DistInfo()
+        self.global_batch = batch_size * self.dist.world_size
+        self.per_epoch = max(1, len(items) // self.global_batch)
+        self.epoch = self.index = 0
+        self._order: np.ndarray | None = None
+
+    def __iter__(self) -> ShuffledBatches:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._order is None:
+            self._order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.items))
+        lo = self.index * self.global_batch + self.dist.rank * self.batch_size
+        chunk = [self.items[j] for j in self._order[lo : lo + self.batch_size]]
+        self.index += 1
+        if self.index == self.per_epoch:
+            self.epoch, self.index, self._order = self.epoch + 1, 0, None
+        return Batch(self.make(chunk), examples=len(chunk))
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.index, "n_items": len(self.items), "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, mine in (("n_items", len(self.items)), ("global_batch", self.global_batch)):
+            if int(state[key]) != mine:
+                raise LMForgeError(f"cannot resume the training examples: {key} was {state[key]}, now {mine}")
+        self.epoch, self.index, self._order = int(state["epoch"]), int(state["batch"]), None
 
 
 def _check_decoder(arch: str, init: str) -> None:
@@ -81,78 +115,5 @@ def initial_model(init: str, texts: Callable[[], list[str]], tokenizer: str | No
     return Transformer(cfg), tok
 
 
-def pick_device(spec: str) -> torch.device:
-    from lmforge.train.distributed import DistInfo
-    from lmforge.train.setup import pick_device as pick
-
-    return pick(spec, DistInfo())
-
-
-def train_loop(
-    model: nn.Module,
-    loss_fn: Callable[[dict], LossOutput],
-    batches: Iterator[dict],
-    cfg: LoopConfig,
-    *,
-    evaluate: Callable[[], dict[str, float]] | None = None,
-    log: MetricsLogger | None = None,
-) -> dict[str, float]:
-    """AdamW (decay on matrices only) with warmup + linear decay for cfg.max_steps steps over `batches` (dicts of
-    tensors on the model's device); evaluates every eval_every steps and at the end. Returns the last evaluation
-    (or the last training loss when there is no evaluation)."""
-    sched = TrainConfig(
-        max_steps=cfg.max_steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule="linear", min_lr_ratio=0.1,
-        weight_decay=cfg.weight_decay, beta2=0.999,
-    )  # fmt: skip
-    device = next(model.parameters()).device
-    opt = build_optimizer(model, sched, device)
-    scheduler = build_scheduler(opt, sched)
-    params = [p for p in model.parameters() if p.requires_grad]
-    last: dict[str, float] = {}
-    running: list[float] = []
-    model.train()
-    for step in range(1, cfg.max_steps + 1):
-        out = loss_fn(next(batches))
-        loss = float(out.loss.detach())
-        if not math.isfinite(loss):
-            raise LMForgeError(f"step {step}: the loss became non-finite (lower train.lr or check the data)")
-        out.loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        scheduler.step()
-        running.append(loss)
-        if log is not None and (step % cfg.log_every == 0 or step == cfg.max_steps):
-            log.log(step, loss=sum(running) / len(running), lr=scheduler.get_last_lr()[0], **out.metrics)
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            last = {"loss": sum(running) / len(running)}
-            running = []
-        if evaluate is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            model.eval()
-            last = evaluate()
-            model.train()
-            if log is not None:
-                log.log(step, **{f"dev_{k}": v for k, v in last.items()})
-    model.eval()
-    return last
-
-
-def cycle(items: list, batch_size: int, seed: int) -> Iterator[list]:
-    """Endless shuffled mini-batches of `items` (a new permutation every epoch; the incomplete last batch of an
-    epoch is dropped unless it is the only one)."""
-    if not items:
-        raise LMForgeError("no training examples")
-    rng = random.Random(seed)
-    order = list(range(len(items)))
-    n_full = max(1, len(order) // batch_size)
-    while True:
-        rng.shuffle(order)
-        for i in range(n_full):
-            yield [items[j] for j in order[i * batch_size : (i + 1) * batch_size]]
-
-
-def save_run(run_dir: Path, step: int, model: nn.Module, config: dict, tokenizer) -> Path:
-    """Write RUN/checkpoints/step_N (weights, config with the model section, tokenizer); `lmforge.load(RUN)` reads
-    a policy saved so."""
-    return ckpt.save_checkpoint(run_dir, step, model, config=config, tokenizer=tokenizer, keep_last=1)
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

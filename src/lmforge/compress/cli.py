@@ -5,7 +5,9 @@ from __future__ import annotations
 from lmforge.errors import LMForgeError
 
 
-def cmd_compress_report(recipe: str | None, teacher: str | None = None, overrides: list[str] | None = None) -> list:
+def cmd_compress_report(
+    recipe: str | None, teacher: str | None = None, overrides: list[str] | None = None, resume: bool = False
+) -> list:
     """Compress a fine-tuned classifier (`teacher`: a `lmforge finetune` run; default: fine-tune the recipe's
     teacher first) and print the size / CPU latency / dev accuracy table (also OUT/report.md, OUT/report.json).
     Returns the table rows."""
@@ -13,7 +15,7 @@ def cmd_compress_report(recipe: str | None, teacher: str | None = None, override
     from lmforge.compress.report import compression_report
 
     cfg = load_compress_config(recipe or "sentiment-gpt", list(overrides or []), teacher=teacher)
-    rows, table = compression_report(cfg)
+    rows, table = compression_report(cfg, resume)
     print(table, end="")
     print(f"report written to {cfg.out}/report.md")
     return rows

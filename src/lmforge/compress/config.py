@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Literal
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict
-from lmforge.errors import LMForgeError
+from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt
+from lmforge.sections import LoopConfig, OptimConfig
 
 
 @dataclass
@@ -19,54 +20,67 @@ class TeacherConfig:
     """Fine-tuning recipe (recipes/finetune/ name or path) for the teacher when `run` is None."""
     overrides: list[str] = field(default_factory=list)
     """Dotted overrides of that fine-tuning, e.g. ["--train.epochs=1", "--data.max_train=2000"]."""
-    max_eval: int | None = None
+    max_eval: PosInt | None = None
     """Use only the first N dev examples for the accuracy column (None = all)."""
 
 
 @dataclass
-class DistillSection:
+class CompressTrain(LoopConfig, OptimConfig):
+    """Training of a compressed variant: AdamW, linear warmup over 10% of the steps, linear decay to 0. Each
+    variant trains as an ordinary run in OUT/<variant> (resumable with `lmforge compress report --resume`)."""
+
+    max_steps: PosInt = 300
+    batch_size: PosInt = 32
+    lr: NonNegFloat = 1e-4
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
+    min_lr_ratio: Fraction = 0.0
+    warmup_ratio: Fraction | None = 0.1
+    weight_decay: NonNegFloat = 0.01
+    beta2: OpenFraction = 0.999
+    save_every: PosInt = 100
+    keep_last: PosInt = 1
+
+
+@dataclass
+class DistillSection(CompressTrain):
     layers: list[int] | None = None
     """Teacher layers the student keeps (None = every other layer: 0, 2, 4, ...)."""
-    steps: int = 300
-    lr: float = 1e-4
-    batch_size: int = 32
-    temperature: float = 2.0
-    soft: float = 0.5
+    temperature: PosFloat = 2.0
+    soft: NonNegFloat = 0.5
     """Weight of the T²-scaled soft-target KL (Hinton et al. 2015)."""
-    hard: float = 0.5
+    hard: NonNegFloat = 0.5
     """Weight of the cross-entropy with the gold labels."""
-    hidden: float = 1.0
+    hidden: NonNegFloat = 1.0
     """Weight of the hidden-state loss (DistilBERT's cosine loss)."""
     hidden_kind: Literal["cosine", "mse"] = "cosine"
 
 
 @dataclass
-class PruneSection:
-    sparsity: float = 0.5
+class PruneSection(CompressTrain):
+    sparsity: OpenFraction = 0.5
     """Global magnitude pruning: the fraction of the blocks' linear weights set to zero."""
-    heads: float = 0.5
+    heads: OpenFraction = 0.5
     """Head pruning: the fraction of self-attention heads removed (lowest output-projection norm first)."""
-    steps: int = 200
+    max_steps: PosInt = 200
     """Fine-tuning steps after each kind of pruning."""
-    lr: float = 5e-5
-    batch_size: int = 32
+    lr: NonNegFloat = 5e-5
 
 
 @dataclass
 class BenchSection:
-    runs: int = 10
+    runs: PosInt = 10
     """Timed forward passes per batch size (the median is reported)."""
-    warmup: int = 2
-    threads: int = 1
+    warmup: NonNegInt = 2
+    threads: PosInt = 1
     """CPU threads during the whole report (1 = comparable numbers on a shared machine)."""
-    eval_batch_size: int = 64
+    eval_batch_size: PosInt = 64
 
 
 @dataclass
 class CompressConfig:
     out: str = "runs/compress"
     """Where report.md and report.json go (and the teacher's fine-tuning run when it is trained here)."""
-    seed: int = 0
+    seed: NonNegInt = 0
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     distill: DistillSection = field(default_factory=DistillSection)
     prune: PruneSection = field(default_factory=PruneSection)
@@ -76,17 +90,7 @@ class CompressConfig:
 
 
 def build_compress_config(raw: dict) -> CompressConfig:
-    cfg = build_dataclass(CompressConfig, raw, "", all_keys(CompressConfig))
-    if not 0 <= cfg.prune.sparsity < 1:
-        raise LMForgeError(f"prune.sparsity must be in [0, 1), got {cfg.prune.sparsity}")
-    if not 0 <= cfg.prune.heads < 1:
-        raise LMForgeError(f"prune.heads must be in [0, 1), got {cfg.prune.heads}")
-    if cfg.distill.temperature <= 0:
-        raise LMForgeError(f"distill.temperature must be positive, got {cfg.distill.temperature}")
-    for name in ("runs", "threads", "eval_batch_size"):
-        if getattr(cfg.bench, name) <= 0:
-            raise LMForgeError(f"bench.{name} must be positive, got {getattr(cfg.bench, name)}")
-    return cfg
+    return build_dataclass(CompressConfig, raw, "", all_keys(CompressConfig))
 
 
 def load_compress_config(

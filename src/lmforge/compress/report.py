@@ -33,7 +33,7 @@ from lmforge.compress.prune import (
     weight_sparsity,
 )
 from lmforge.compress.quantize import quantize_int8
-from lmforge.compress.train import distill, finetune
+from lmforge.compress.train import distill_loss, task_loss, train_variant
 from lmforge.errors import LMForgeError
 
 
@@ -110,25 +110,27 @@ def format_table(rows: list[Row], metric: str = "accuracy") -> str:
     return "\n".join(lines) + "\n"
 
 
-def variants(teacher: nn.Module, task, train_features: list[dict], cfg: CompressConfig):
-    """(name, model) of every compressed variant, built in turn (each from a copy of the teacher)."""
-    d, p = cfg.distill, cfg.prune
+def variants(teacher: nn.Module, task, train_features: list[dict], cfg: CompressConfig, resume: bool = False):
+    """(name, model) of every compressed variant, built in turn (each from a copy of the teacher); the trained ones
+    are runs in OUT/distill, OUT/prune-magnitude and OUT/prune-heads."""
+    d, p, out = cfg.distill, cfg.prune, Path(cfg.out)
+    kw = dict(seed=cfg.seed, resume=resume)
     yield "teacher (fp32)", teacher
     yield "teacher int8 (dynamic)", quantize_int8(teacher, skip=cfg.quantize_skip)
     student = init_student_from_teacher(teacher, d.layers)
     w = DistillWeights(d.soft, d.hard, d.hidden, d.temperature, d.hidden_kind)
-    distill(student, teacher, task, train_features, w, steps=d.steps, lr=d.lr, batch_size=d.batch_size, seed=cfg.seed)
+    train_variant("distill", student, distill_loss(teacher, task, w), task, train_features, d, out / "distill", **kw)
     yield "student (distilled)", student
     yield "student int8", quantize_int8(student, skip=cfg.quantize_skip)
     pruned = copy.deepcopy(teacher)
     magnitude_prune(pruned, p.sparsity)
-    finetune(pruned, task, train_features, steps=p.steps, lr=p.lr, batch_size=p.batch_size, seed=cfg.seed)
+    train_variant("prune-magnitude", pruned, task_loss(task), task, train_features, p, out / "prune-magnitude", **kw)
     make_permanent(pruned)
     yield f"magnitude-pruned {p.sparsity:.0%} + fine-tuned", pruned
     headless = copy.deepcopy(teacher)
     heads = least_important_heads(head_importance(headless), p.heads)
     mask_heads(headless, heads)
-    finetune(headless, task, train_features, steps=p.steps, lr=p.lr, batch_size=p.batch_size, seed=cfg.seed)
+    train_variant("prune-heads", headless, task_loss(task), task, train_features, p, out / "prune-heads", **kw)
     make_permanent(headless)
     remove_heads(headless, heads)
     yield f"{p.heads:.0%} heads removed + fine-tuned", headless
@@ -143,7 +145,7 @@ def _bench_batches(task, dev, sizes=(1, 8)) -> dict[int, dict]:
     return {bs: collate(feats[:bs], task.pad_id) for bs in sizes}
 
 
-def compression_report(cfg: CompressConfig) -> tuple[list[Row], str]:
+def compression_report(cfg: CompressConfig, resume: bool = False) -> tuple[list[Row], str]:
     """Build the teacher (a fine-tuned run, or fine-tune one now), every variant, and the table; writes
     OUT/report.md and OUT/report.json. Everything runs on the CPU with bench.threads threads."""
     from lmforge.compress.teacher import load_teacher
@@ -154,12 +156,12 @@ def compression_report(cfg: CompressConfig) -> tuple[list[Row], str]:
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.bench.threads)
     try:
-        task, teacher, splits = load_teacher(cfg)
+        task, teacher, splits = load_teacher(cfg, resume)
         dev = splits["dev"]
         bench = _bench_batches(task, dev)
         train_features = task.features(splits["train"], train=True)
         rows = []
-        for name, model in variants(teacher, task, train_features, cfg):
+        for name, model in variants(teacher, task, train_features, cfg, resume):
             rows.append(measure(name, model, task, dev, bench, cfg))
             print(f"{name}: {task.main_metric} {rows[-1].accuracy:.4f}", flush=True)
     finally:

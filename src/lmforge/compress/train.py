@@ -1,92 +1,73 @@
-"""Training of compressed task models: fine-tuning after pruning and distillation into a student, over the
-fine-tuning tasks' features (`lmforge.tasks`) with AdamW and a linear warmup + decay."""
+"""Training of compressed task models — fine-tuning after pruning, distillation into a student — over the
+fine-tuning tasks' features (`lmforge.tasks`), each as an ordinary run of the one loop in its own run dir, so a
+killed report resumes exactly (`lmforge compress report --resume`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from lmforge.compress.config import CompressTrain
 from lmforge.compress.distill import DistillWeights, distillation_loss
-from lmforge.config import TrainConfig
 from lmforge.errors import LMForgeError
-from lmforge.train.optim import build_optimizer, build_scheduler
+from lmforge.objectives.base import LossOutput
+from lmforge.train import checkpoint as ckpt
+from lmforge.train.distributed import DistInfo
+from lmforge.train.finetune import FeatureBatches
+from lmforge.train.loop import Loop, LoopSpec, Saved
+from lmforge.train.metrics import MetricsLogger
+from lmforge.train.resume import resume_checkpoint
+from lmforge.train.rundir import lock_run_dir
 
 
-def _batches(task, features: list[dict], batch_size: int, seed: int, device: torch.device):
-    from lmforge.tasks.inputs import batches, collate
-
-    epoch = 0
-    while True:
-        gen = torch.Generator().manual_seed(seed * 1000 + epoch)
-        for chunk in batches(features, batch_size, gen):
-            yield {k: v.to(device) for k, v in collate(chunk, task.pad_id).items()}
-        epoch += 1
-
-
-def train_steps(
-    model: nn.Module,
-    loss_fn: Callable[[dict[str, Tensor]], Tensor],
-    task,
-    features: list[dict],
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int = 32,
-    seed: int = 0,
-    warmup_ratio: float = 0.1,
-) -> list[float]:
-    """`steps` AdamW steps of loss_fn(batch) over shuffled task features; returns the loss of every step."""
-    if steps <= 0:
-        return []
+def train_variant(
+    name: str, model: nn.Module, loss_fn, task, features: list[dict], cfg: CompressTrain, run_dir: Path,
+    *, seed: int = 0, resume: bool = False,
+) -> dict:  # fmt: skip
+    """Train `model` (in place, on the CPU) with `loss_fn(model, batch) -> LossOutput` for cfg.max_steps steps in
+    `run_dir`; a run already finished there (with `resume`) only has its weights loaded."""
     if not features:
         raise LMForgeError("no training features")
-    sched = TrainConfig(
-        max_steps=steps, lr=lr, schedule="linear", min_lr_ratio=0.0, warmup_steps=max(1, round(warmup_ratio * steps)),
-        weight_decay=0.01, beta2=0.999,
-    )  # fmt: skip
-    device = next(model.parameters()).device
-    opt = build_optimizer(model, sched, device)
-    scheduler = build_scheduler(opt, sched)
-    params = [p for p in model.parameters() if p.requires_grad]
-    data = _batches(task, features, batch_size, seed, device)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        loss = loss_fn(next(data))
-        if not torch.isfinite(loss):
-            raise LMForgeError("the loss became non-finite (lower the learning rate)")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        scheduler.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
+    run_dir = Path(run_dir)
+    dist, device = DistInfo(), torch.device("cpu")
+    lock = lock_run_dir(run_dir, dist)
+    try:
+        start = resume_checkpoint(run_dir, {"variant": {"name": name}}, resume, frozen=("variant",))
+        torch.manual_seed(seed)
+        spec = LoopSpec(saved=lambda: Saved(model, {"variant": {"name": name}}), progress_every=10)
+        batches = FeatureBatches(features, cfg.batch_size, dist, seed, task.pad_id)
+        loop = Loop(model, loss_fn, batches, cfg, run_dir, spec, dist=dist, device=device, log=None)
+        if start is not None:
+            loop.restore(start)
+        with MetricsLogger(run_dir, resume_step=loop.step) as log:
+            loop.log = log
+            loop.run()
+        model.eval()
+        return {"steps": loop.step, "checkpoint": str(ckpt.latest_checkpoint(run_dir))}
+    finally:
+        lock.release()
 
 
-def finetune(model: nn.Module, task, features: list[dict], **kw) -> list[float]:
-    """Fine-tune a (pruned) task model with the task's own loss; pruning masks stay applied throughout."""
-    return train_steps(model, lambda b: task.loss(model, b).loss, task, features, **kw)
+def task_loss(task):
+    """The task's own loss (fine-tuning a pruned model; pruning masks stay applied throughout)."""
+    return lambda model, batch: task.loss(model, batch)
 
 
-def distill(
-    student: nn.Module, teacher: nn.Module, task, features: list[dict], weights: DistillWeights, **kw
-) -> list[float]:
+def distill_loss(teacher: nn.Module, task, weights: DistillWeights):
     """Train a student task model on the teacher's soft class distribution, the gold labels and (DistilBERT) the
     teacher's last hidden states over real tokens (student and teacher of the same width)."""
     teacher.eval()
 
-    def loss_fn(batch: dict[str, Tensor]) -> Tensor:
+    def loss_fn(student: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         with torch.no_grad():
             t = teacher(batch)
         s = student(batch)
         label = batch.get("label")
         if not isinstance(s.logits, Tensor) or label is None or label.dtype != torch.long:
             raise LMForgeError(f"distillation needs a classification-style task, got '{task.name}'")
-        loss, _ = distillation_loss(s.logits, t.logits, batch["label"], weights, s.hidden, t.hidden, s.mask)
-        return loss
+        loss, parts = distillation_loss(s.logits, t.logits, batch["label"], weights, s.hidden, t.hidden, s.mask)
+        return LossOutput(loss, len(label), parts)
 
-    return train_steps(student, loss_fn, task, features, **kw)
+    return loss_fn

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput, Objective
-from lmforge.objectives.rng import with_fixed_noise
+from lmforge.objectives.rng import rng, with_fixed_noise
 from lmforge.objectives.seq2seq import (
     check_seq2seq_model,
     lengths_mask,
@@ -75,7 +75,7 @@ def poisson_spans(batch: int, length: int, n_noise: int, lam: float) -> Spans:
         empty = torch.zeros(batch, 0, dtype=torch.long)
         return Spans(empty, empty, empty.bool())
     k = max(8, math.ceil(2 * n_noise / lam) + 8)  # enough draws to reach n_noise in all but freak rows
-    draws = torch.poisson(torch.full((batch, k), float(lam))).long()  # (B, K)
+    draws = torch.poisson(torch.full((batch, k), float(lam)), generator=rng()).long()  # (B, K)
     before = draws.cumsum(1) - draws  # tokens covered by the earlier spans
     valid = before < n_noise
     span_len = torch.where(valid, torch.minimum(draws, n_noise - before), 0)
@@ -83,7 +83,7 @@ def poisson_spans(batch: int, length: int, n_noise: int, lam: float) -> Spans:
     span_len[:, -1] += n_noise - span_len.sum(1)
     n_clean = length - n_noise
     # Span j goes before clean token gap[j]; sorted gaps keep the spans in order and apart.
-    gap = torch.randint(0, n_clean + 1, (batch, k)).masked_fill(~valid, n_clean + 1).sort(1).values
+    gap = torch.randint(0, n_clean + 1, (batch, k), generator=rng()).masked_fill(~valid, n_clean + 1).sort(1).values
     start = gap + span_len.cumsum(1) - span_len
     return Spans(start, span_len, valid)
 
@@ -120,7 +120,7 @@ def permute_sentences(x: Tensor, sentence_end: Tensor) -> Tensor:
     B, L = x.shape
     ends = sentence_end[x].long()
     sid = ends.cumsum(1) - ends  # (B, L) sentence index of each token; the end token belongs to its sentence
-    rank = torch.rand(B, L).argsort(1).argsort(1)  # a random permutation of sentence slots per row
+    rank = torch.rand(B, L, generator=rng()).argsort(1).argsort(1)  # a random permutation of sentence slots per row
     key = rank.gather(1, sid) * L + torch.arange(L)  # sort by the sentence's new rank, then by position
     return x.gather(1, key.argsort(1))
 
@@ -182,7 +182,7 @@ class BartDenoising(Objective):
             x = permute_sentences(x, self.sentence_end)
         vals, keep = x, torch.ones_like(x, dtype=torch.bool)
         if o.mask_rate > 0 or o.delete_rate > 0:
-            u = torch.rand(B, L)
+            u = torch.rand(B, L, generator=rng())
             vals = torch.where(u < o.mask_rate, self.mask_id, x) if o.mask_rate > 0 else x
             keep = ~((u >= o.mask_rate) & (u < o.mask_rate + o.delete_rate))
         inserts = torch.zeros(B, L + 1, dtype=torch.long)
@@ -192,10 +192,10 @@ class BartDenoising(Objective):
         mask_id = self.mask_id if self.mask_id is not None else self.pad_id
         src, lengths = emit(vals, keep, inserts, mask_id, self.pad_id)
         if o.random_rate > 0 and self.mask_id is not None:
-            swap = (src == self.mask_id) & (torch.rand(src.shape) < o.random_rate)
+            swap = (src == self.mask_id) & (torch.rand(src.shape, generator=rng()) < o.random_rate)
             src = torch.where(swap, random_tokens(src.shape, self.ordinary), src)
         if o.rotate:
-            src = rotate(src, lengths, (torch.rand(B) * lengths).long(), self.pad_id)
+            src = rotate(src, lengths, (torch.rand(B, generator=rng()) * lengths).long(), self.pad_id)
         if self.max_source is not None and src.shape[1] > self.max_source:
             src, lengths = src[:, : self.max_source], lengths.clamp(max=self.max_source)
         return src, lengths

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lmforge.errors import LMForgeError
+from lmforge.objectives.rng import rng
 
 IGNORE = -100
 """Label of positions that are not predicted (cross_entropy's default ignore_index)."""
@@ -42,8 +43,9 @@ def row_keys(rows: Tensor, seed: int) -> np.ndarray:
 class Draws:
     """Uniform numbers in [0, 1) for one batch of masking decisions.
 
-    Dynamic (keys None): the global torch RNG, so an example gets new masks each time it is seen and a resumed
-    run replays exactly (the trainer checkpoints that RNG). Static: a counter-based hash of each row's key and
+    Dynamic (keys None): the batch source's generator (`objectives.rng`), so an example gets new masks each time
+    it is seen and a resumed run replays exactly (the loop checkpoints that generator). Static: a counter-based
+    hash of each row's key and
     the draw's position, so an example gets the same masks every epoch (RoBERTa §4.1's static masking) whatever
     batch it lands in."""
 
@@ -59,7 +61,7 @@ class Draws:
         """(n_rows, width) float64 uniforms; successive calls give independent draws."""
         self._stream += 1
         if self.keys is None:
-            return torch.rand(n_rows, width, dtype=torch.float64)
+            return torch.rand(n_rows, width, dtype=torch.float64, generator=rng())
         counter = np.arange(width, dtype=np.uint64) + np.uint64(self._stream) * np.uint64(1 << 32)
         h = _splitmix64(self.keys[:, None] ^ _splitmix64(counter)[None, :])  # (B, width)
         return torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * 2.0**-53)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput, Objective
 from lmforge.objectives.losses import cross_entropy
-from lmforge.objectives.rng import with_fixed_noise
+from lmforge.objectives.rng import rng, with_fixed_noise
 from lmforge.registry import OBJECTIVES
 
 IGNORE = -100
@@ -71,7 +71,7 @@ class PrefixLM(Objective):
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         B, T = tokens.shape[0], tokens.shape[1] - 1
         lo, hi = prefix_bounds(T, self.options.min_prefix, self.options.max_prefix)
-        prefix_len = torch.randint(lo, hi + 1, (B,))
+        prefix_len = torch.randint(lo, hi + 1, (B,), generator=rng())
         labels = tokens[:, 1:].clone()
         # Position i predicts token i + 1; only predictions of continuation tokens (i + 1 >= prefix_len) count.
         labels[torch.arange(T)[None, :] < prefix_len[:, None] - 1] = IGNORE

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import cross_entropy
+from lmforge.objectives.rng import rng
 
 IGNORE = -100
 """Label value cross-entropy skips (padding)."""
@@ -29,7 +30,7 @@ def ordinary_ids(tokenizer, vocab_size: int | None = None) -> Tensor:
 
 def random_tokens(shape: tuple[int, ...], ordinary: Tensor) -> Tensor:
     """Tokens drawn uniformly from `ordinary` (n,) in the given shape."""
-    return ordinary[torch.randint(len(ordinary), shape)]
+    return ordinary[torch.randint(len(ordinary), shape, generator=rng())]
 
 
 def scatter_rows(values: Tensor, dest: Tensor, keep: Tensor, width: int, fill: int) -> Tensor:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput, Objective
-from lmforge.objectives.rng import with_fixed_noise
+from lmforge.objectives.rng import rng, with_fixed_noise
 from lmforge.objectives.seq2seq import (
     append,
     check_seq2seq_model,
@@ -80,7 +80,7 @@ def random_segmentation(batch: int, n_items: int, n_segments: int) -> Tensor:
     """(B, n_segments) lengths ≥ 1 of a uniformly random split of n_items items into n_segments runs."""
     cut = torch.zeros(batch, n_items, dtype=torch.long)
     # Segments start at item 0 and at n_segments - 1 distinct random items among 1..n_items-1.
-    starts = torch.rand(batch, n_items - 1).argsort(1)[:, : n_segments - 1] + 1
+    starts = torch.rand(batch, n_items - 1, generator=rng()).argsort(1)[:, : n_segments - 1] + 1
     cut.scatter_(1, starts, 1)
     seg = cut.cumsum(1)  # (B, n_items) segment id of each item
     return torch.zeros(batch, n_segments, dtype=torch.long).scatter_add_(1, seg, torch.ones_like(seg))
@@ -100,14 +100,14 @@ def random_spans_noise_mask(batch: int, length: int, noise_density: float, mean_
 
 def iid_noise_mask(batch: int, length: int, noise_density: float) -> Tensor:
     """(B, L) bool: each token corrupted independently with probability noise_density."""
-    return torch.rand(batch, length) < noise_density
+    return torch.rand(batch, length, generator=rng()) < noise_density
 
 
 def random_prefix_noise_mask(batch: int, length: int, noise_density: float) -> Tensor:
     """(B, L) bool, True after a random prefix: T5's random_prefix_noise_mask (prefix of at least 1 token)."""
     hi = length - 1
     lo = min(hi, max(1, round((1 - 2 * noise_density) * length)))
-    n_prefix = torch.randint(lo, hi + 1, (batch, 1))
+    n_prefix = torch.randint(lo, hi + 1, (batch, 1), generator=rng())
     return torch.arange(length)[None, :] >= n_prefix
 
 
@@ -139,7 +139,7 @@ def sentinel_targets(x: Tensor, noise: Tensor, sentinels: Tensor, pad_id: int) -
 
 def bert_corrupt(x: Tensor, noise: Tensor, mask_id: int, ordinary: Tensor, mask_prob: float, random_prob: float):
     """Corrupted tokens → mask (mask_prob), a random token (random_prob), or unchanged (the rest)."""
-    u = torch.rand(x.shape)
+    u = torch.rand(x.shape, generator=rng())
     out = torch.where(noise & (u < mask_prob), mask_id, x)
     rand = noise & (u >= mask_prob) & (u < mask_prob + random_prob)
     return torch.where(rand, random_tokens(x.shape, ordinary), out)
@@ -201,7 +201,7 @@ class T5SpanCorruption(Objective):
         if o.style == "lm":
             return x.new_full((B, 1), self.pad_id), torch.zeros_like(full), x, full
         if o.style == "deshuffle":
-            return x.gather(1, torch.rand(B, L).argsort(1)), full, x, full
+            return x.gather(1, torch.rand(B, L, generator=rng()).argsort(1)), full, x, full
         noise = self.noise_mask(B, L)
         if o.style in SENTINEL_STYLES:
             return (*sentinel_inputs(x, noise, self.sentinels, self.pad_id),

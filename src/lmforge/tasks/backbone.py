@@ -60,7 +60,7 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
     from lmforge.api import load
     from lmforge.train import checkpoint as ckpt
 
-    if not _is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.latest_checkpoint(path))):
+    if not _is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path))):
         _, model, tokenizer, _ = load_finetuned(path)
         return model.backbone, tokenizer
     model, tokenizer = load(path)
@@ -94,13 +94,13 @@ def checkpoint_config(cfg: FinetuneConfig, backbone, labels: list[str] | None) -
 def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):
     """(task, TaskModel in eval mode, tokenizer, FinetuneConfig) of a fine-tuned run or checkpoint dir."""
     from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
-    from lmforge.api import model_config_from_dict
+    from lmforge.config import model_config_from_dict
     from lmforge.models import Transformer
     from lmforge.registry import TASKS
     from lmforge.tokenizers import Tokenizer
     from lmforge.train import checkpoint as ckpt
 
-    c = ckpt.latest_checkpoint(Path(path))
+    c = ckpt.model_checkpoint(Path(path))
     raw = ckpt.read_config(c)
     if not is_finetuned(raw):
         raise LMForgeError(f"{c} is not a fine-tuned checkpoint (its config has no task and backbone sections)")

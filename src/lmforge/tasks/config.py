@@ -13,17 +13,19 @@ from typing import Any, Literal
 
 from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section_to_dict
 from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, recipe_dict, write_yaml
+from lmforge.config_types import Fraction, NonNegFloat, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
+from lmforge.sections import LoopConfig, OptimConfig, RunConfig
 
 RECIPES = RECIPES_DIR / "finetune"
 """The bundled fine-tuning recipes."""
 
 
 @dataclass
-class FtRunConfig:
+class FtRunConfig(RunConfig):
     dir: str = "runs/finetune"
-    """Run directory: config.yaml, metrics.jsonl, eval.json, checkpoints/ (the best dev checkpoint)."""
-    seed: int = 0
+    """Run directory: config.yaml, metrics.jsonl, eval.json, best/ (the best dev checkpoint), checkpoints/ (the
+    resumable ones)."""
 
 
 @dataclass
@@ -36,9 +38,9 @@ class FtModelConfig:
     tokenizer: str | None = None
     """Tokenizer dir/file for a random init (None = train one on the training texts) or when `init` has none."""
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
-    vocab_size: int = 2048
+    vocab_size: PosInt = 2048
     """Vocabulary of a tokenizer trained for a random init."""
-    dropout: float | None = None
+    dropout: OpenFraction | None = None
     """Residual, embedding and attention dropout of the backbone during fine-tuning (None = the model's own)."""
 
 
@@ -66,40 +68,36 @@ class FtDataConfig:
     """Table sources: the column/key holding the text."""
     text_pair_field: str | None = None
     label_field: str = "label"
-    max_train: int | None = None
+    max_train: PosInt | None = None
     """Use only the first N training examples (None = all)."""
-    max_eval: int | None = None
+    max_eval: PosInt | None = None
     """Use only the first N dev/test examples (None = all)."""
 
 
 @dataclass
-class FtTrainConfig:
-    epochs: int = 3
-    max_steps: int | None = None
+class FtTrainConfig(LoopConfig, OptimConfig):
+    """The fine-tuning loop and its optimizer: AdamW, linear warmup then linear decay to 0 (GPT-1 §4.1, BERT §4)."""
+
+    epochs: PosInt = 3
+    max_steps: PosInt | None = None
     """Stop after this many optimizer steps (None = `epochs` full passes)."""
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    lr: float = 6.25e-5
+    batch_size: PosInt = 32
+    eval_batch_size: PosInt = 64
+    lr: NonNegFloat = 6.25e-5
     """GPT-1 §4.1: 6.25e-5; BERT §4: one of 5e-5, 3e-5, 2e-5."""
-    warmup_ratio: float = 0.002
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
+    min_lr_ratio: Fraction = 0.0
+    warmup_ratio: Fraction | None = 0.002
     """Linear warmup over this fraction of the steps (GPT-1: 0.2%; BERT: 10%), then linear decay to 0."""
-    weight_decay: float = 0.01
-    layer_decay: float = 1.0
-    """Layer-wise learning-rate decay (ELECTRA: 0.8 for small and base models): layer l of L learns at
-    lr · layer_decay^(L + 1 − l), the embeddings at lr · layer_decay^(L + 1), the head at lr (1.0 = off)."""
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    """Clip the global gradient norm (0 = off)."""
-    eval_every: int | None = None
+    weight_decay: NonNegFloat = 0.01
+    beta2: OpenFraction = 0.999
+    eval_every: PosInt | None = None
     """Evaluate on dev every N steps as well as after each epoch (None = after each epoch only)."""
-    log_every: int = 10
+    save_every: PosInt | None = None
+    """Save a resumable checkpoint every N steps (None = at each dev evaluation)."""
+    keep_last: PosInt = 1
     select_metric: str | None = None
     """Dev metric that picks the best checkpoint (None = the task's main metric)."""
-    device: str = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """auto = bf16 autocast on GPUs that support it (weights and optimizer stay fp32), fp32 on CPU."""
     deterministic: bool = True
     """Deterministic algorithms (bitwise-reproducible CPU runs)."""
 
@@ -135,25 +133,7 @@ def build_finetune_config(raw: dict) -> FinetuneConfig:
     cfg = build_dataclass(FinetuneConfig, raw, "", all_keys(FinetuneConfig))
     cfg.task = build_task_section(task_raw)
     cfg.peft = build_peft_section(peft_raw)
-    _validate(cfg)
     return cfg
-
-
-def _validate(cfg: FinetuneConfig) -> None:
-    t = cfg.train
-    for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
-        if getattr(t, name) <= 0:
-            raise LMForgeError(f"train.{name} must be positive, got {getattr(t, name)}")
-    if t.max_steps is not None and t.max_steps <= 0:
-        raise LMForgeError(f"train.max_steps must be positive or null, got {t.max_steps}")
-    if not 0 < t.layer_decay <= 1:
-        raise LMForgeError(f"train.layer_decay must be in (0, 1], got {t.layer_decay}")
-    if not 0 <= t.warmup_ratio < 1:
-        raise LMForgeError(f"train.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
-    if t.lr <= 0:
-        raise LMForgeError(f"train.lr must be positive, got {t.lr}")
-    if cfg.model.dropout is not None and not 0 <= cfg.model.dropout < 1:
-        raise LMForgeError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
 
 
 def load_finetune_config(
@@ -161,7 +141,10 @@ def load_finetune_config(
 ) -> FinetuneConfig:
     """Recipe (path or bundled name in recipes/finetune/) + dotted overrides (+ `--init`) → FinetuneConfig."""
     extra = {"model": {"init": init}} if init is not None else None
-    return build_finetune_config(recipe_dict(recipe, "finetune", overrides, extra))
+    cfg = build_finetune_config(recipe_dict(recipe, "finetune", overrides, extra))
+    if recipe is not None and cfg.run.recipe is None:
+        cfg.run.recipe = str(recipe)
+    return cfg
 
 
 def finetune_to_dict(cfg: FinetuneConfig) -> dict:

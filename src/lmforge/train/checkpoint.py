@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +36,8 @@ from lmforge.errors import LMForgeError
 from lmforge.files import fsync_dir, hash_file, load_torch_file, os_reason
 
 CHECKPOINTS_DIR = "checkpoints"
+BEST_DIR = "best"
+"""RUN/best: the checkpoint with the best dev metric of a run that selects one (fine-tuning, alignment)."""
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 TRAIN_STATE_FILE = "train_state.pt"
@@ -42,7 +45,10 @@ MANIFEST_FILE = "manifest.json"
 _RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE}
 _TIED_META = "lmforge.tied"  # safetensors metadata: JSON {alias name: stored name}
 _STEP_RE = re.compile(r"step_(\d+)")
-_SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)")
+_SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)(?:-([0-9a-f]+))?")
+# Scratch dirs carry the writer's pid and this nonce: a container's trainer is PID 1 in every run, so the pid
+# alone cannot tell this process's scratch dirs from those a killed predecessor with the same pid left.
+_NONCE = os.urandom(4).hex()
 # Leaf types torch.load(weights_only=True) accepts (plus torch.dtype / torch.device instances).
 _PLAIN_LEAVES = (torch.Tensor, nn.Parameter, int, float, bool, complex, str, bytes, type(None))
 
@@ -117,10 +123,14 @@ def save_checkpoint(
     tokenizer: Tokenizer | None = None,
     train_state: dict | None = None,
     keep_last: int | None = 3,
+    protect: tuple[int, ...] = (),
+    on_partial: Callable[[], None] | None = None,
 ) -> Path:
     """Atomically write ``run_dir/checkpoints/step_<step>`` and keep only the newest ``keep_last``.
 
-    Checkpoints with a higher step (left by a run resumed from an earlier step) are not pruned.
+    Checkpoints with a higher step (left by a run resumed from an earlier step) and those of the steps in
+    ``protect`` (e.g. the last one before a run started to diverge) are not pruned. ``on_partial`` runs once the
+    first files are in the scratch dir (a test's kill point).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -130,10 +140,11 @@ def save_checkpoint(
         _check_plain_data(train_state, "train_state")
     root = Path(run_dir) / CHECKPOINTS_DIR
     final = root / f"step_{step}"
-    tmp = root / f".tmp-step_{step}-{os.getpid()}"
-    _write_dir(tmp, final, f"save checkpoint step_{step}", (step, model, config, tokenizer, train_state))
+    tmp = root / f".tmp-step_{step}-{os.getpid()}-{_NONCE}"
+    contents = (step, model, config, tokenizer, train_state, on_partial)
+    _write_dir(tmp, final, f"save checkpoint step_{step}", contents)
     if keep_last is not None:
-        _prune(root, step, keep_last)
+        _prune(root, step, keep_last, protect)
     return final
 
 
@@ -149,7 +160,7 @@ def write_checkpoint_dir(
     training state), replacing a checkpoint already there. ``lmforge.load(directory)`` reads it back."""
     final = Path(directory)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    _write_dir(tmp, final, f"write checkpoint {final}", (step, model, config, tokenizer, None))
+    _write_dir(tmp, final, f"write checkpoint {final}", (step, model, config, tokenizer, None, None))
     return final
 
 
@@ -194,6 +205,7 @@ def _write_contents(
     config: dict,
     tokenizer: Tokenizer | None,
     train_state: dict | None,
+    on_partial: Callable[[], None] | None,
 ) -> None:
     """Fill the scratch directory; the manifest comes last and only after every file is on disk."""
     if tokenizer is not None:
@@ -202,6 +214,8 @@ def _write_contents(
         if clash:
             raise ValueError(f"tokenizer.save wrote {clash[0]}, a name the checkpoint itself uses")
     _write_yaml(tmp / CONFIG_FILE, config)
+    if on_partial is not None:
+        on_partial()
     tensors, aliases = _tensors_to_save(model)
     save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", _TIED_META: json.dumps(aliases)})
     del tensors
@@ -226,7 +240,7 @@ def _publish(tmp: Path, final: Path) -> None:
     """Rename the finished scratch dir into place; a same-step checkpoint is replaced."""
     old = None
     if final.exists():
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        old = final.with_name(f".old-{final.name}-{os.getpid()}-{_NONCE}")
         os.replace(final, old)
     try:
         os.replace(tmp, final)
@@ -239,10 +253,13 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _prune(root: Path, step: int, keep_last: int) -> None:
-    """Delete older checkpoints beyond ``keep_last``; failures only warn, the new checkpoint is safe."""
+def _prune(root: Path, step: int, keep_last: int, protect: tuple[int, ...] = ()) -> None:
+    """Delete older checkpoints beyond ``keep_last`` (never those in ``protect``); failures only warn, the new
+    checkpoint is safe."""
     older = [c for c in _checkpoints_in(root) if _step_of(c) < step]
     for ckpt in older[: max(0, len(older) - (keep_last - 1))]:
+        if _step_of(ckpt) in protect:
+            continue
         try:
             shutil.rmtree(ckpt)
         except OSError as e:
@@ -255,7 +272,7 @@ def _remove_stale_scratch(root: Path) -> None:
         return
     for p in root.iterdir():
         m = _SCRATCH_RE.fullmatch(p.name)
-        if not m or int(m[3]) == os.getpid() or _pid_alive(int(m[3])):
+        if not m or m[4] == _NONCE or (int(m[3]) != os.getpid() and _pid_alive(int(m[3]))):
             continue
         # An .old- dir whose step_<N> is missing is the only copy left: keep it for the user.
         if m[1] == "tmp" or (root / f"step_{m[2]}").exists():
@@ -357,6 +374,15 @@ def latest_checkpoint(path: Path) -> Path:
             return ckpt
         print(f"warning: skipping checkpoint {ckpt}: {reason}", file=sys.stderr)
     raise LMForgeError(f"no usable checkpoint in {root}: all {len(ckpts)} failed verification")
+
+
+def model_checkpoint(path: Path) -> Path:
+    """The checkpoint a run's model is read from: RUN/best for runs that select by a dev metric, else what
+    `latest_checkpoint` finds (``path`` itself when it is a checkpoint dir)."""
+    best = Path(path) / BEST_DIR
+    if best.is_dir() and verify_checkpoint(best) is None:
+        return best
+    return latest_checkpoint(path)
 
 
 def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

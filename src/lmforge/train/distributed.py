@@ -43,6 +43,15 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + 1_000_003 * rank
 
 
+def broadcast_object(obj, info: DistInfo):
+    """Rank 0's `obj` on every rank (a picklable Python object)."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

@@ -12,6 +12,7 @@ import numbers
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,6 +21,7 @@ import torch
 from lmforge.errors import LMForgeError
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 PLOTS_DIR = "plots"
 _SIGNIFICANT_DIGITS = 6
 
@@ -47,12 +49,13 @@ class MetricsLogger:
     resumed log has no duplicate steps.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, sinks: list[str] | tuple = ()) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             self._rewrite_kept(resume_step)
         self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
+        self._tb = tensorboard_writer(Path(run_dir) / TENSORBOARD_DIR, resume_step) if "tensorboard" in sinks else None
 
     def _rewrite_kept(self, resume_step: int | None) -> None:
         """Drop a torn last line (a crash mid-write) and, when resuming, lines after ``resume_step``."""
@@ -77,17 +80,36 @@ class MetricsLogger:
         record = {"step": int(step)} | {k: _clean_value(k, v) for k, v in values.items()}
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, int(step))
+            self._tb.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def tensorboard_writer(log_dir: Path, resume_step: int | None = None):
+    """A TensorBoard SummaryWriter (events after `resume_step` from an earlier attempt are purged)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise LMForgeError(
+            "train.log_to=tensorboard needs the tensorboard package: pip install 'lmforge[tensorboard]'"
+        ) from None
+    return SummaryWriter(str(log_dir), purge_step=resume_step or None)
 
 
 def _after(line: str, step: int) -> bool:
@@ -173,61 +195,90 @@ def _format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """A one-line training progress report on stderr.
+    """Training progress on stderr: step, loss, learning rate, tokens/s, MFU and ETA.
 
-    On a terminal the line refreshes in place; otherwise (log files, CI) a plain line is written every
-    ``every`` updates and at the last step.
-    """
+    On a terminal a `tqdm` bar refreshes in place; otherwise (log files, CI) a plain line is written every
+    ``every`` updates and at the last step. Nothing is written when quiet (``--quiet``)."""
 
     def __init__(self, total_steps: int, *, every: int = 10, stream: TextIO | None = None) -> None:
+        from lmforge.progress import is_quiet
+
         self.total_steps = total_steps
         self.every = max(1, every)
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.quiet = is_quiet()
         self._updates = 0
         self._start: tuple[float, int] | None = None  # (time, step) of the first update, for the ETA
-        self._width = 0
+        self._bar = None
 
-    def format(self, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float | None) -> str:
+    def format(self, step: int, loss: float, lr: float, tokens_per_s: float | None, mfu: float | None) -> str:
         """The progress line for one update (also records the ETA reference point)."""
         now = time.monotonic()
         if self._start is None:
             self._start = (now, step)
         pct = 100.0 * step / self.total_steps if self.total_steps > 0 else 100.0
-        parts = [
-            f"step {step}/{self.total_steps} ({pct:.1f}%)",
-            f"loss {loss:.4f}",
-            f"lr {lr:.2e}",
-            f"{tokens_per_s / 1e3:,.1f}k tok/s",
-        ]
-        if mfu is not None:
-            parts.append(f"mfu {100 * mfu:.1f}%")
+        parts = [f"step {step}/{self.total_steps} ({pct:.1f}%)", *self._values(loss, lr, tokens_per_s, mfu)]
         t0, s0 = self._start
         if step > s0:
             remaining = (now - t0) / (step - s0) * max(0, self.total_steps - step)
             parts.append(f"eta {_format_duration(remaining)}")
         return " | ".join(parts)
 
-    def update(self, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float | None) -> None:
+    @staticmethod
+    def _values(loss: float, lr: float, tokens_per_s: float | None, mfu: float | None) -> list[str]:
+        parts = [f"loss {loss:.4f}", f"lr {lr:.2e}"]
+        if tokens_per_s is not None:
+            parts.append(f"{tokens_per_s / 1e3:,.1f}k tok/s")
+        if mfu is not None:
+            parts.append(f"mfu {100 * mfu:.1f}%")
+        return parts
+
+    def update(self, step: int, loss: float, lr: float, tokens_per_s: float | None, mfu: float | None) -> None:
         """Report the state after ``step`` optimizer steps."""
-        line = self.format(step, loss, lr, tokens_per_s, mfu)
+        if self.quiet:
+            return
         self._updates += 1
         if self.tty:
-            # Pad with spaces so a shorter line fully covers the previous one.
-            self.stream.write("\r" + line.ljust(self._width))
-            self._width = max(self._width, len(line))
-        elif (self._updates - 1) % self.every == 0 or step >= self.total_steps:
-            self.stream.write(line + "\n")
-        else:
+            from tqdm.auto import tqdm
+
+            if self._bar is None:
+                self._bar = tqdm(total=self.total_steps, initial=step, unit="step", file=self.stream,
+                                 dynamic_ncols=True, leave=True, desc="train")  # fmt: skip
+            self._bar.set_postfix_str(" | ".join(self._values(loss, lr, tokens_per_s, mfu)), refresh=False)
+            self._bar.update(step - self._bar.n)
             return
-        self.stream.flush()
+        if (self._updates - 1) % self.every == 0 or step >= self.total_steps:
+            self.stream.write(self.format(step, loss, lr, tokens_per_s, mfu) + "\n")
+            self.stream.flush()
 
     def close(self) -> None:
-        """End the refreshing line so later output starts on a fresh line."""
-        if self.tty and self._width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._width = 0
+        """Close the bar so later output starts on a fresh line."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class Throughput:
+    """Tokens/s over the steps since the last reading, excluding time spent evaluating and saving."""
+
+    def __init__(self, tokens_per_step: int, step: int) -> None:
+        self.tokens_per_step, self.step = tokens_per_step, step
+        self.t0, self.excluded = time.perf_counter(), 0.0
+
+    @contextmanager
+    def paused(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t
+
+    def tokens_per_s(self, step: int) -> float:
+        now = time.perf_counter()
+        rate = self.tokens_per_step * (step - self.step) / max(now - self.t0 - self.excluded, 1e-9)
+        self.step, self.t0, self.excluded = step, now, 0.0
+        return rate
 
 
 # Dense (no sparsity) peak throughput from NVIDIA datasheets, FLOP/s. fp32 is plain FP32, not TF32.

@@ -1,5 +1,9 @@
-"""AdamW with decoupled weight decay on matrices only (optionally layer-wise learning rates), and the warmup +
-decay learning-rate schedule."""
+"""Optimizers and the learning-rate schedule of every run.
+
+AdamW decays weight matrices only (GPT-2/nanoGPT practice), optionally with layer-wise learning rates; Muon (Jordan
+et al. 2024) orthogonalises the momentum of the blocks' weight matrices with a Newton–Schulz iteration, beside AdamW
+for the rest. Both can skip a step on the device (`found_inf`, as AMP's grad scaler does), so a non-finite step is
+dropped without the host waiting for the GPU."""
 
 from __future__ import annotations
 
@@ -7,9 +11,9 @@ import math
 import re
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from lmforge.config import TrainConfig
+from lmforge.sections import OptimConfig
 
 _BLOCK = re.compile(r"(?:^|\.)(encoder|decoder)\.blocks\.(\d+)\.")
 _STACK = re.compile(r"(?:^|\.)(encoder|decoder)\.")
@@ -36,15 +40,16 @@ def layer_depths(model: nn.Module) -> tuple[dict[str, int], int]:
 
 
 def param_groups(
-    model: nn.Module, weight_decay: float, lr: float | None = None, layer_decay: float = 1.0
+    model: nn.Module, weight_decay: float, lr: float | None = None, layer_decay: float = 1.0, exclude: set | None = None
 ) -> list[dict]:
     """Decay linear weights; not norms, biases or embedding tables (GPT-2/nanoGPT practice). With ``layer_decay``
     < 1, layer-wise learning rates (ELECTRA, Clark et al. 2020; BEiT): a parameter at depth d (:func:`layer_depths`)
-    learns at ``lr · layer_decay ** (L + 1 − d)``, so the task head keeps ``lr`` and the embeddings get the least."""
+    learns at ``lr · layer_decay ** (L + 1 − d)``, so the task head keeps ``lr`` and the embeddings get the least.
+    Parameters whose id is in ``exclude`` (another optimizer's) are left out."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     depths, n_layers = layer_depths(model) if layer_decay != 1.0 else ({}, 0)
     groups: dict[tuple[bool, int], list[nn.Parameter]] = {}
-    seen: set[int] = set()
+    seen: set[int] = set(exclude or ())
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
@@ -62,29 +67,152 @@ def param_groups(
     return out
 
 
-def build_optimizer(
-    model: nn.Module, cfg: TrainConfig, device: torch.device, layer_decay: float = 1.0
-) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay, cfg.lr, layer_decay),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=device.type == "cuda",
+def muon_params(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices Muon updates: the 2-D weights inside transformer blocks (not embeddings, heads, norms)."""
+    return [p for n, p in model.named_parameters() if p.requires_grad and p.dim() == 2 and _BLOCK.search(n)]
+
+
+class Muon(torch.optim.Optimizer):
+    """MomentUm Orthogonalized by Newton–Schulz (Jordan et al. 2024): Nesterov momentum, then the update's
+    nearest semi-orthogonal matrix by 5 quintic Newton–Schulz iterations in bf16, scaled by sqrt(max(1, rows /
+    cols)); decoupled weight decay. Skips its step where `found_inf` (a 0-d device tensor) is non-zero."""
+
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+
+    @staticmethod
+    def orthogonalize(g: Tensor, steps: int = 5) -> Tensor:
+        a, b, c = 3.4445, -4.7750, 2.0315  # coefficients maximising the slope at zero
+        x = g.bfloat16()
+        tall = x.size(0) > x.size(1)
+        if tall:
+            x = x.T
+        x = x / (x.norm() + 1e-7)
+        for _ in range(steps):
+            s = x @ x.T
+            x = a * x + (b * s + c * s @ s) @ x
+        return (x.T if tall else x).to(g.dtype)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        skip = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                mu = group["momentum"]
+                new_buf = torch.lerp(buf, p.grad, 1 - mu)
+                g = torch.lerp(p.grad, new_buf, mu)  # Nesterov
+                update = self.orthogonalize(g) * max(1.0, p.size(0) / p.size(1)) ** 0.5
+                decayed = p * (1 - group["lr"] * group["weight_decay"]) - group["lr"] * update
+                if skip is None:
+                    buf.copy_(new_buf)
+                    p.copy_(decayed)
+                else:
+                    keep = skip.to(torch.bool)
+                    buf.copy_(torch.where(keep, buf, new_buf))
+                    p.copy_(torch.where(keep, p, decayed))
+
+
+class Optimizers:
+    """One or two optimizers stepped together (AdamW alone, or Muon + AdamW), with one state dict."""
+
+    def __init__(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    def step(self, found_inf: Tensor | None = None) -> None:
+        for opt in self.optimizers.values():
+            opt.found_inf, opt.grad_scale = found_inf, None
+            opt.step()
+            del opt.found_inf, opt.grad_scale
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != set(self.optimizers) and "state" in state:  # a checkpoint of a single AdamW
+            state = {"adamw": state}
+        if set(state) != set(self.optimizers):
+            raise ValueError(f"optimizer state holds {sorted(state)}, this run uses {sorted(self.optimizers)}")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state[name])
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> Optimizers:
+    """AdamW over the trainable parameters, or Muon over the blocks' matrices + AdamW over the rest. Each param
+    group records its base (peak) learning rate, `base_lr`, which the schedule scales."""
+    exclude: set[int] = set()
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    if cfg.optimizer == "muon":
+        matrices = muon_params(model)
+        exclude = {id(p) for p in matrices}
+        optimizers["muon"] = Muon(matrices, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.lr, cfg.layer_decay, exclude)
+    optimizers["adamw"] = torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=device.type in ("cuda", "cpu")
     )
+    for opt in optimizers.values():
+        for g in opt.param_groups:
+            g["base_lr"] = g["lr"]
+    return Optimizers(optimizers)
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to lr, then cosine or linear decay to min_lr_ratio·lr at max_steps."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
+def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
+    return round(cfg.warmup_ratio * total_steps) if cfg.warmup_ratio is not None else cfg.warmup_steps
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Linear warmup to the peak, then cosine / linear decay to min_lr_ratio at total_steps, constant, or
+    warmup-stable-decay (a linear decay over the last decay_ratio of the steps)."""
+    warm = warmup_steps(cfg, total_steps)
+    if step < warm:
+        return (step + 1) / warm
     if cfg.schedule == "constant":
         return 1.0
-    span = max(1, cfg.max_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.schedule == "wsd":
+        decay = max(1, round(cfg.decay_ratio * total_steps))
+        progress = min(1.0, max(0.0, (step - (total_steps - decay)) / decay))
+        return 1 - (1 - cfg.min_lr_ratio) * progress
+    span = max(1, total_steps - warm)
+    progress = min(1.0, (step - warm) / span)
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg))
+class Schedule:
+    """Sets each param group's lr to its base lr × `lr_factor(step)`; `step()` after every optimizer step."""
+
+    def __init__(self, optimizer: Optimizers, cfg: OptimConfig, total_steps: int) -> None:
+        self.optimizer, self.cfg, self.total_steps = optimizer, cfg, total_steps
+        self.last_step = 0
+        self._apply()
+
+    def _apply(self) -> None:
+        factor = lr_factor(self.last_step, self.cfg, self.total_steps)
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["base_lr"] * factor
+
+    def step(self) -> None:
+        self.last_step += 1
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at the saved step, with this run's base rates and schedule (a resumed run's new lr or max_steps
+        apply from here on)."""
+        self.last_step = int(state.get("step", state.get("last_epoch", 0)))
+        self._apply()

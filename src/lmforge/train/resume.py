@@ -12,12 +12,16 @@ FROZEN_ON_RESUME = ("model", "data", "objective")
 """Config sections that must not change when a run resumes (train.* may: e.g. a longer max_steps)."""
 
 
-def resume_checkpoint(run_dir: Path, config: dict, resume: bool, is_main: bool = True) -> Path | None:
+def resume_checkpoint(
+    run_dir: Path, config: dict, resume: bool, is_main: bool = True, frozen: tuple[str, ...] = FROZEN_ON_RESUME,
+    saved_as: str | None = None,
+) -> Path | None:  # fmt: skip
     """The checkpoint to resume from (the newest that verifies), or None to start at step 0.
 
     Without `resume`, a run dir that already has checkpoints is refused. With it, a run dir without any checkpoint
     yet starts at step 0 (so a job can always be launched with `--resume`), and a checkpoint whose frozen config
-    sections differ from `config` is refused. Unfinished saves (`.tmp-step_*` dirs of dead processes) are removed.
+    sections differ from `config` is refused (`saved_as`: the key a checkpoint's config.yaml holds the run's config
+    under, when not at the top). Unfinished saves (`.tmp-step_*` dirs of dead processes) are removed.
     """
     run_dir = Path(run_dir)
     root = run_dir / ckpt.CHECKPOINTS_DIR
@@ -35,13 +39,18 @@ def resume_checkpoint(run_dir: Path, config: dict, resume: bool, is_main: bool =
             print(f"warning: --resume: no checkpoint in {run_dir} yet, starting at step 0", file=sys.stderr)
         return None
     chosen = ckpt.latest_checkpoint(run_dir)
-    check_frozen(ckpt.read_config(chosen), config)
+    saved = ckpt.read_config(chosen)
+    check_frozen(saved.get(saved_as) or {} if saved_as else saved, config, frozen)
     return chosen
 
 
-def check_frozen(old: dict, new: dict) -> None:
+def check_frozen(old: dict, new: dict, frozen: tuple[str, ...] = FROZEN_ON_RESUME) -> None:
     """Raise when a frozen section's key differs between a checkpoint's config `old` and the run's `new`."""
-    for section in FROZEN_ON_RESUME:
+    for section in frozen:
+        if not isinstance(new.get(section), dict):
+            if old.get(section) != new.get(section):
+                raise LMForgeError(f"cannot resume: {section} changed since the checkpoint")
+            continue
         for key, value in new[section].items():
             if section == "model" and key == "vocab_size":
                 continue  # set from the run's tokenizer

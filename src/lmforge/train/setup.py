@@ -53,15 +53,47 @@ def _input_paths(cfg: Config) -> list[Path] | None:
     return paths
 
 
+def check_inputs(cfg: Config) -> None:
+    """Refuse missing inputs before any work is done."""
+    _input_paths(cfg)
+    if cfg.data.prepared and not (Path(cfg.data.prepared) / "meta.json").is_file():
+        raise LMForgeError(f"data.prepared: {cfg.data.prepared} is not a prepared data dir (no meta.json)")
+
+
 def _training_texts(paths: list[Path] | None) -> list[str]:
     from lmforge.data import load_default_corpus, read_documents
 
     return load_default_corpus() if paths is None else list(read_documents(paths))
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def model_summary(cfg: Config) -> str:
+    """What a run builds, in one line: preset, size and shape."""
+    from lmforge.models import Transformer
+
+    m = cfg.model
+    with torch.device("meta"):  # counts without allocating
+        n = Transformer(m).num_params()
+    stacks = f"{m.n_layers}+{m.decoder_layers} layers" if m.arch == "encoder-decoder" else f"{m.n_layers} layers"
+    return (
+        f"model {m.name}: {n / 1e6:.2f}M parameters ({m.arch}, d_model {m.d_model}, {stacks}, {m.n_heads} heads, "
+        f"vocab {m.vocab_size}, context {m.max_seq_len}); training on sequences of {cfg.train.seq_len} tokens"
+    )
+
+
 def apply_init(cfg: Config) -> Path | None:
     """run.init's checkpoint, with its model config (and tokenizer, unless data.tokenizer is set) put into cfg."""
-    from lmforge.api import model_config_from_dict
+    from lmforge.config import model_config_from_dict
     from lmforge.train import checkpoint as ckpt
 
     if not cfg.run.init:
@@ -69,7 +101,7 @@ def apply_init(cfg: Config) -> Path | None:
     path = Path(cfg.run.init)
     if not path.exists():
         raise LMForgeError(f"run.init: {path} does not exist")
-    c = ckpt.latest_checkpoint(path)
+    c = ckpt.model_checkpoint(path)
     saved = ckpt.read_config(c)
     if not isinstance(saved.get("model"), dict):
         raise LMForgeError(f"run.init: {c}/config.yaml has no model section")
@@ -82,27 +114,46 @@ def apply_init(cfg: Config) -> Path | None:
 
 
 def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
-    """The run's tokenizer: data.tokenizer if given, else one trained on the inputs (rank 0) and saved in the run."""
+    """The run's tokenizer: data.tokenizer (a path or a published name) if given, else one trained on the inputs
+    (rank 0) and saved in the run. A tokenizer an earlier attempt trained with other settings is trained anew."""
+    from lmforge.progress import status
     from lmforge.tokenizers import Tokenizer, train_tokenizer
+    from lmforge.tokenizers.published import load_tokenizer
 
     if cfg.data.tokenizer:
-        return Tokenizer.load(Path(cfg.data.tokenizer))
+        return load_tokenizer(cfg.data.tokenizer)
     tok_dir = run_dir / "tokenizer"
-    if dist.is_main and not (tok_dir / "tokenizer.json").exists():
+    family = cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
+    recipe = {"inputs": cfg.data.inputs, "kind": cfg.data.tokenizer_kind, "family": family,
+              "vocab_size": cfg.data.vocab_size}  # fmt: skip
+    if dist.is_main and _stale(tok_dir, recipe):
         texts = _training_texts(_input_paths(cfg))
-        family = cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
-        tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family)
-        _save_atomically(tok, tok_dir)
+        status(f"training a {cfg.data.tokenizer_kind} tokenizer of {cfg.data.vocab_size} tokens on "
+               f"{len(texts):,} documents")  # fmt: skip
+        tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family, show_progress=True)
+        _save_atomically(tok, tok_dir, recipe)
     barrier(dist)
     return Tokenizer.load(tok_dir)
 
 
-def _save_atomically(tokenizer, directory: Path) -> None:
+_RECIPE_FILE = "lmforge_made_with.json"
+
+
+def _stale(directory: Path, recipe: dict) -> bool:
+    """Whether `directory` lacks what `recipe` describes (missing, or made with other settings)."""
+    try:
+        return json.loads((directory / _RECIPE_FILE).read_text(encoding="utf-8")) != recipe
+    except (OSError, ValueError):
+        return True
+
+
+def _save_atomically(tokenizer, directory: Path, recipe: dict) -> None:
     """Write the tokenizer to a scratch dir renamed into place: a run killed mid-save leaves no torn files."""
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tokenizer.save(tmp)
+        (tmp / _RECIPE_FILE).write_text(json.dumps(recipe) + "\n", encoding="utf-8")
         shutil.rmtree(directory, ignore_errors=True)  # an earlier attempt's incomplete dir
         os.replace(tmp, directory)
     except OSError as e:
@@ -112,8 +163,10 @@ def _save_atomically(tokenizer, directory: Path) -> None:
 
 
 def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
-    """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0)."""
+    """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0), again when an
+    earlier attempt prepared them with other settings or another tokenizer."""
     from lmforge.data import prepare
+    from lmforge.progress import status
 
     prepared_here = False
     if cfg.data.prepared:
@@ -122,8 +175,11 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
             raise LMForgeError(f"data.prepared: {data_dir} is not a prepared data dir (no meta.json)")
     else:
         data_dir = run_dir / "data"
-        prepared_here = not (data_dir / "meta.json").is_file()
+        recipe = {"inputs": cfg.data.inputs, "val_fraction": cfg.data.val_fraction, "clean": cfg.data.clean,
+                  "seed": cfg.run.seed, "tokenizer": _digest(tokenizer)}  # fmt: skip
+        prepared_here = _stale(data_dir, recipe)
         if dist.is_main and prepared_here:
+            status(f"preparing token shards in {data_dir}")
             prepare(
                 _input_paths(cfg),
                 data_dir,
@@ -132,6 +188,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
                 clean=cfg.data.clean,
                 seed=cfg.run.seed,
             )
+            (data_dir / _RECIPE_FILE).write_text(json.dumps(recipe) + "\n", encoding="utf-8")
         barrier(dist)
     meta = json.loads((data_dir / "meta.json").read_text())
     if prepared_here and meta.get("replaced_bytes") and dist.is_main:
@@ -147,11 +204,15 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     return data_dir
 
 
-def check_vocab(cfg: Config, tokenizer, trained_here: bool) -> None:
-    """A run-trained tokenizer sets model.vocab_size; a given one must fit in the model's embedding table."""
-    if trained_here:
-        cfg.model.vocab_size = tokenizer.vocab_size
-    elif cfg.model.vocab_size < tokenizer.vocab_size:
+def _digest(tokenizer) -> str:
+    import hashlib
+
+    return hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()[:16]
+
+
+def check_vocab(cfg: Config, tokenizer) -> None:
+    """The model's embedding table must hold every id of the tokenizer (the config resolved the sizes already)."""
+    if cfg.model.vocab_size < tokenizer.vocab_size:
         raise LMForgeError(
             f"tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {cfg.model.vocab_size}: "
             f"set --model.vocab_size={tokenizer.vocab_size} or use a matching tokenizer"

@@ -1,0 +1,48 @@
+"""Range-checked field types for config dataclasses: `max_steps: PosInt = 1000` is an int that a recipe or an
+override must give as > 0, refused with one line at load time ("train.max_steps must be > 0, got 0")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from lmforge.errors import LMForgeError
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed interval of a numeric field; open or closed at each end, either end optional."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, key: str, value: float) -> None:
+        below = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
+        above = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
+        if below or above:
+            raise LMForgeError(f"{key} must be {self.describe()}, got {value!r}")
+
+    def describe(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _num(x: float | None) -> str:
+    return f"{x:g}"
+
+
+PosInt = Annotated[int, Range(0, lo_open=True)]
+NonNegInt = Annotated[int, Range(0)]
+PosFloat = Annotated[float, Range(0, lo_open=True)]
+NonNegFloat = Annotated[float, Range(0)]
+Fraction = Annotated[float, Range(0, 1)]
+"""In [0, 1]."""
+OpenFraction = Annotated[float, Range(0, 1, hi_open=True)]
+"""In [0, 1)."""
+UnitFraction = Annotated[float, Range(0, 1, lo_open=True)]
+"""In (0, 1]."""

@@ -1,0 +1,93 @@
+"""Config sections every kind of run shares — where it writes (`RunConfig`), how it optimises (`OptimConfig`) and
+how its loop runs (`LoopConfig`) — defined once and embedded in each schema (pretraining, fine-tuning, alignment,
+compression), so a key means the same everywhere and every numeric value is range-checked when a recipe loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, UnitFraction
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/run"
+    """Run directory: config.yaml, metrics.jsonl, checkpoints/, plots/."""
+    seed: NonNegInt = 0
+    """Seeds weights, data order and every random choice of the run."""
+    recipe: str | None = None
+    """The recipe the run was made from (recorded; a resumed run continues with its own saved config)."""
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw: AdamW on every parameter (decay on matrices only); muon: Muon (orthogonalised momentum, Jordan et
+    al. 2024) on the blocks' weight matrices, AdamW on embeddings, heads, norms and biases."""
+    lr: NonNegFloat = 6e-4
+    """Peak learning rate (of AdamW's parameters when optimizer=muon)."""
+    min_lr_ratio: Fraction = 0.1
+    """Final learning rate as a fraction of lr."""
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    """After warmup: cosine or linear decay to min_lr_ratio·lr, constant, or wsd (warmup-stable-decay: constant,
+    then a linear decay over the last decay_ratio of the steps)."""
+    warmup_steps: NonNegInt = 100
+    """Linear warmup steps (warmup_ratio, when set, replaces it)."""
+    warmup_ratio: Fraction | None = None
+    """Warmup as a fraction of the run's steps (GPT-1: 0.2%, BERT fine-tuning: 10%)."""
+    decay_ratio: UnitFraction = 0.2
+    """schedule=wsd: fraction of the steps in the final decay."""
+    weight_decay: NonNegFloat = 0.1
+    """Decoupled weight decay of weight matrices (not norms, biases or embeddings)."""
+    beta1: OpenFraction = 0.9
+    beta2: OpenFraction = 0.95
+    eps: PosFloat = 1e-8
+    grad_clip: NonNegFloat = 1.0
+    """Clip the global gradient norm (0 = off)."""
+    layer_decay: UnitFraction = 1.0
+    """Layer-wise learning-rate decay (ELECTRA): block l of L learns at lr·decay^(L+1-l), embeddings least,
+    heads at lr (1.0 = off)."""
+    muon_lr: PosFloat = 0.02
+    """optimizer=muon: learning rate of the orthogonalised updates of the blocks' matrices."""
+    muon_momentum: OpenFraction = 0.95
+    """optimizer=muon: Nesterov momentum of the matrix updates."""
+
+
+@dataclass
+class LoopConfig:
+    max_steps: PosInt = 1000
+    """Optimizer steps of the run."""
+    batch_size: PosInt = 16
+    """Examples (sequences) per device per micro-step."""
+    grad_accum: PosInt = 1
+    """Micro-steps accumulated into one optimizer step."""
+    eval_every: PosInt = 200
+    """Evaluate every this many steps (and at the end)."""
+    save_every: PosInt = 500
+    """Save a resumable checkpoint every this many steps (and at the end, and when stopped by a signal)."""
+    keep_last: PosInt = 3
+    """Checkpoints kept (older ones are deleted; one from before a non-finite streak always stays)."""
+    log_every: PosInt = 10
+    """Log (and read loss values back from the device) every this many steps."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto = bf16 autocast on GPUs that support it, fp32 on CPU."""
+    compile: bool = False
+    """torch.compile the model."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
+    launches (small batches, many layers)."""
+    device: str = "auto"
+    """auto (cuda:LOCAL_RANK if a GPU is present, else cpu), cpu, cuda or cuda:N."""
+    deterministic: bool = False
+    """Deterministic algorithms (bitwise-reproducible CPU runs)."""
+    max_nonfinite: PosInt = 5
+    """Stop after this many consecutive steps with a non-finite loss or gradient (each one is skipped)."""
+    spike_factor: NonNegFloat = 3.0
+    """Warn and log when a step's loss exceeds this multiple of the median of the last spike_window losses
+    (0 = off)."""
+    spike_window: PosInt = 100
+    prefetch: NonNegInt = 2
+    """Batches built ahead of the step in a background thread, in pinned memory (0 = build each in the step)."""
+    log_to: list[Literal["tensorboard"]] = field(default_factory=list)
+    """Extra metric sinks beside metrics.jsonl: tensorboard (needs the `tensorboard` package: lmforge[tensorboard])."""

@@ -1,0 +1,393 @@
+"""The one training loop. Pretraining, fine-tuning, alignment and compression runs supply a model, a loss, a batch
+source, an evaluation and what a checkpoint holds; the loop does the rest, once: micro-batching and gradient
+accumulation, autocast, compile, data parallelism, clipping, optimizer and schedule steps, the non-finite policy,
+logging, evaluation, best-checkpoint selection, checkpoints, signals and exact resume.
+
+The step never waits for the GPU: losses, gradient norms and the non-finite flag stay on the device until a log
+step reads them all at once, and a non-finite step is skipped by the optimizer itself (`found_inf`)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections import deque
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from lmforge.errors import LMForgeError
+from lmforge.objectives.base import LossOutput
+from lmforge.sections import LoopConfig
+from lmforge.train import checkpoint as ckpt
+from lmforge.train.callbacks import Callbacks
+from lmforge.train.distributed import DistInfo, barrier
+from lmforge.train.metrics import MetricsLogger, Progress, Throughput, plot_metrics
+from lmforge.train.optim import Schedule, build_optimizer
+from lmforge.train.prefetch import Batch, BatchSource, Prefetcher
+from lmforge.train.rng_state import capture_rng_state, restore_rng_state
+from lmforge.train.setup import autocast_for
+from lmforge.train.signals import Stopped, StopRequest
+
+
+@dataclass
+class Saved:
+    """What a checkpoint of the run holds besides the training state."""
+
+    weights: nn.Module
+    """The module whose state dict is saved (the model, or a view holding only trainable tensors)."""
+    config: dict
+    tokenizer: Any = None
+
+
+@dataclass
+class Selection:
+    """Keep the checkpoint with the best value of a dev metric (in RUN/best)."""
+
+    metric: str
+    mode: Literal["max", "min"] = "max"
+
+    def better(self, value: float, best: float | None) -> bool:
+        return best is None or (value > best if self.mode == "max" else value < best)
+
+
+@dataclass
+class LoopSpec:
+    """Everything a run kind gives the loop besides model, loss and batches."""
+
+    saved: Callable[[], Saved]
+    """Builds the checkpoint contents (called at each save)."""
+    evaluate: Callable[[int], dict[str, float]] | None = None
+    """Evaluation at a step → metrics (called on every rank; rank 0's result is logged and selects)."""
+    eval_at: Callable[[int], bool] | None = None
+    """Extra evaluation steps beside every `eval_every` and the last (e.g. epoch ends)."""
+    eval_prefix: str = ""
+    """Prefix of logged evaluation metrics (e.g. dev_)."""
+    eval_fields: Callable[[int], dict] | None = None
+    """Extra values logged beside an evaluation's metrics (e.g. the epoch)."""
+    select: Selection | None = None
+    tokens_per_step: int = 0
+    """Tokens of one optimizer step over all ranks, for tokens/s (0 = examples only)."""
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+    resume_hint: str = ""
+    """The command that continues the run, for the stop message."""
+    progress_every: int = 1
+
+
+@dataclass
+class _Pending:
+    """Device values of the steps since the last read."""
+
+    steps: list[int] = field(default_factory=list)
+    losses: list[Tensor] = field(default_factory=list)
+    norms: list[Tensor] = field(default_factory=list)
+    bad: list[Tensor] = field(default_factory=list)
+
+
+class Loop:
+    """Trains `model` with `loss_fn(model, batch) -> LossOutput` over `batches` for `cfg.max_steps` steps."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[nn.Module, dict[str, Tensor]], LossOutput],
+        batches: BatchSource,
+        cfg: LoopConfig,  # with the OptimConfig keys too (each run kind's `train` section)
+        run_dir: Path,
+        spec: LoopSpec,
+        *,
+        dist: DistInfo,
+        device: torch.device,
+        log: MetricsLogger | None,
+        callbacks: Callbacks | None = None,
+    ) -> None:
+        self.raw, self.loss_fn, self.cfg, self.spec = model, loss_fn, cfg, spec
+        self.run_dir, self.dist, self.device, self.log = Path(run_dir), dist, device, log
+        self.callbacks = callbacks or Callbacks.installed()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(model, cfg, device)
+        self.schedule = Schedule(self.optimizer, cfg, cfg.max_steps)
+        self.model = model
+        if cfg.compile:
+            self.model = torch.compile(self.model, mode=cfg.compile_mode)
+        if dist.enabled:
+            ids = [device.index] if device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.model, device_ids=ids)
+        self.autocast = autocast_for(device, cfg.precision)
+        self.batches = Prefetcher(batches, cfg.prefetch, pin_memory=device.type == "cuda")
+        self.step = 0
+        self.best: tuple[float, int] | None = None
+        self.streak, self.pre_streak_ckpt = 0, None  # consecutive non-finite steps; the last checkpoint before
+        self.recent: deque[float] = deque(maxlen=cfg.spike_window)
+        self.pending = _Pending()
+        self.parts: dict[str, Any] = {}
+        self.last_eval: dict[str, float] = {}
+
+    # --- resume -------------------------------------------------------------------------------------------------
+
+    def train_state(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "loader": self._gather(self.batches.state_dict()),
+            "rng": self._gather(capture_rng_state()),
+            "step": self.step,
+            "best": list(self.best) if self.best else None,
+            "streak": self.streak,
+            "pre_streak_ckpt": self.pre_streak_ckpt,
+        }
+
+    def restore(self, path: Path, on_rank: Callable[[int], None] | None = None) -> None:
+        """Continue from checkpoint `path`: weights, optimizer, schedule, data position, RNG and step."""
+        ckpt.load_weights(path, self.spec.saved().weights)
+        state = ckpt.load_train_state(path)
+        try:
+            # The run's config sets every hyper-parameter (a resumed run's --train.lr, betas, weight decay apply
+            # from here on); the checkpoint gives the optimizer's state and the step.
+            fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            self.optimizer.load_state_dict(state["optimizer"])
+            for group, hyper in zip(self.optimizer.param_groups, fresh):
+                group.update(hyper)
+            self.schedule.load_state_dict(state["scheduler"])
+            loaders = state["loader"]  # one per rank; positions are global, so any rank's serves a new world size
+            self.batches.load_state_dict(loaders[min(self.dist.rank, len(loaders) - 1)])
+            rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+            self.step = int(state["step"])
+            self.best = tuple(state["best"]) if state.get("best") else None
+            self.streak, self.pre_streak_ckpt = int(state.get("streak", 0)), state.get("pre_streak_ckpt")
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            where = path / ckpt.TRAIN_STATE_FILE
+            raise LMForgeError(f"{where} does not match this run: {type(e).__name__}: {e}") from e
+        if self.dist.rank < len(rngs):
+            restore_rng_state(rngs[self.dist.rank])
+        elif on_rank is not None:  # more ranks than the checkpoint saved: a new rank's own stream
+            on_rank(self.step)
+
+    def _gather(self, state: dict) -> list[dict]:
+        """Every rank's `state`, in rank order (a one-item list in one process)."""
+        if not self.dist.enabled:
+            return [state]
+        out: list = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(out, state)
+        return out
+
+    # --- one step -----------------------------------------------------------------------------------------------
+
+    def _micro_step(self, batch: Batch, last: bool) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()  # with CUDA graphs: the last replay's outputs may be reused
+        data = {k: v.to(self.device, non_blocking=True) for k, v in batch.data.items()}
+        sync = self.model.no_sync() if self.dist.enabled and not last else nullcontext()
+        with sync:
+            with self.autocast:
+                out = self.loss_fn(self.model, data)
+            (out.loss * (batch.weight / self.cfg.grad_accum)).backward()
+        self.parts = out.metrics
+        return out.loss.detach() * batch.weight
+
+    def train_step(self) -> None:
+        """One optimizer step over grad_accum micro-batches; its loss, norm and finiteness stay on the device."""
+        c = self.cfg
+        losses = [self._micro_step(next(self.batches), i == c.grad_accum - 1) for i in range(c.grad_accum)]
+        loss = torch.stack(losses).mean()
+        if c.grad_clip > 0:
+            gnorm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip, foreach=True)
+        else:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            gnorm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else loss * 0
+        bad = (~(torch.isfinite(loss) & torch.isfinite(gnorm))).float()
+        if self.dist.enabled:  # every rank must skip the same steps, or their weights would drift apart
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        self.optimizer.step(found_inf=bad)
+        self.optimizer.zero_grad()
+        self.schedule.step()
+        self.step += 1
+        p = self.pending
+        p.steps.append(self.step)
+        p.losses.append(loss)
+        p.norms.append(gnorm.detach().float())
+        p.bad.append(bad)
+
+    # --- reading back ---------------------------------------------------------------------------------------------
+
+    def _read(self) -> tuple[list[float], float | None]:
+        """Read the pending steps' values (one device sync), handle non-finite steps and spikes → (losses of the
+        finite steps, last grad norm)."""
+        p, self.pending = self.pending, _Pending()
+        if not p.steps:
+            return [], None
+        loss = torch.stack(p.losses).float()
+        if self.dist.enabled:
+            torch.distributed.all_reduce(loss)
+            loss /= self.dist.world_size
+        values = torch.stack([loss, torch.stack(p.norms), torch.stack(p.bad)]).tolist()
+        kept = []
+        for step, lv, gn, bad in zip(p.steps, *values):
+            if bad:
+                self._nonfinite(step, lv, gn)
+                continue
+            self.streak = 0
+            self._spike(step, lv)
+            kept.append(lv)
+        return kept, values[1][-1]
+
+    def _nonfinite(self, step: int, loss: float, gnorm: float) -> None:
+        if self.streak == 0:
+            last = ckpt.list_checkpoints(self.run_dir)
+            self.pre_streak_ckpt = int(last[-1].name.split("_")[1]) if last else None
+        self.streak += 1
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        value = loss if what == "loss" else gnorm
+        if self.dist.is_main:
+            print(f"warning: step {step}: non-finite {what} ({value}), step skipped", file=sys.stderr)
+            self.log.log(step, skipped=True, nonfinite=what, loss=loss, grad_norm=gnorm)
+        if self.streak >= self.cfg.max_nonfinite:
+            kept = f"; the last checkpoint before it is step_{self.pre_streak_ckpt}" if self.pre_streak_ckpt else ""
+            raise LMForgeError(
+                f"stopping at step {step}: {self.streak} consecutive steps with a non-finite loss or gradient "
+                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower train.lr or check the data{kept}"
+            )
+
+    def _spike(self, step: int, loss: float) -> None:
+        """Warn about (and log) a loss above spike_factor × the median of the recent losses."""
+        c = self.cfg
+        if c.spike_factor > 0 and len(self.recent) >= min(10, c.spike_window):
+            median = statistics.median(self.recent)
+            if median > 0 and loss > c.spike_factor * median and self.dist.is_main:
+                print(f"warning: step {step}: loss spike {loss:.4g} ({loss / median:.1f}× the recent median)",
+                      file=sys.stderr)  # fmt: skip
+                self.log.log(step, loss_spike=loss, recent_median=median)
+        self.recent.append(loss)
+
+    def _log_train(self, losses: list[float], gnorm: float | None) -> None:
+        if not losses:
+            return
+        tps = self.clock.tokens_per_s(self.step)
+        s = self.spec
+        mfu = None
+        if s.flops_per_token and s.peak_flops:
+            mfu = tps * s.flops_per_token / (s.peak_flops * self.dist.world_size)
+        lr = self.schedule.get_last_lr()[0]
+        parts = {k: float(v) for k, v in self.parts.items()}
+        if self.dist.is_main:
+            loss = sum(losses) / len(losses)
+            extra = {"loss_hex": float.hex(losses[-1])} if self.cfg.deterministic else {}
+            rate = {"tokens_per_s": tps, "mfu": mfu} if s.tokens_per_step else {}
+            self.log.log(self.step, loss=loss, lr=lr, grad_norm=gnorm, **rate, **parts, **extra)
+            self.progress.update(self.step, loss, lr, tps if s.tokens_per_step else None, mfu)
+
+    # --- evaluation and checkpoints -------------------------------------------------------------------------------
+
+    def _evaluate(self) -> None:
+        self.callbacks.fire("eval", self.step)
+        self.model.eval()
+        with torch.no_grad(), self.autocast:
+            metrics = self.spec.evaluate(self.step)
+        self.model.train()
+        self.last_eval = metrics
+        if not self.dist.is_main or not metrics:
+            return
+        extra = self.spec.eval_fields(self.step) if self.spec.eval_fields else {}
+        self.log.log(self.step, **extra, **{f"{self.spec.eval_prefix}{k}": v for k, v in metrics.items()})
+        sel = self.spec.select
+        if sel is not None:
+            if sel.metric not in metrics:
+                raise LMForgeError(f"train.select_metric '{sel.metric}' is not among the dev metrics {list(metrics)}")
+            if sel.better(metrics[sel.metric], self.best[0] if self.best else None):
+                self.best = (metrics[sel.metric], self.step)
+                saved = self.spec.saved()
+                config = {**saved.config, "dev": metrics, "step": self.step}
+                ckpt.write_checkpoint_dir(self.run_dir / ckpt.BEST_DIR, saved.weights, config=config,
+                                          tokenizer=saved.tokenizer, step=self.step)  # fmt: skip
+
+    def save(self) -> None:
+        state = self.train_state()  # every rank takes part in gathering loader and RNG states
+        if self.dist.is_main:
+            saved = self.spec.saved()
+            protect = (self.pre_streak_ckpt,) if self.streak and self.pre_streak_ckpt is not None else ()
+            ckpt.save_checkpoint(
+                self.run_dir, self.step, saved.weights, config=saved.config, tokenizer=saved.tokenizer,
+                train_state=state, keep_last=self.cfg.keep_last, protect=protect,
+                on_partial=lambda: self.callbacks.fire("checkpoint", self.step),
+            )  # fmt: skip
+        barrier(self.dist)
+
+    # --- the run ----------------------------------------------------------------------------------------------------
+
+    def _due(self, every: int | None) -> bool:
+        """Every `every` steps and at the last one (None: only at the last one)."""
+        return self.step == self.cfg.max_steps or bool(every and self.step % every == 0)
+
+    def _stop_signal(self, stop: StopRequest) -> int | None:
+        if not self.dist.enabled:
+            return stop.signum
+        flag = torch.tensor(float(stop.signum or 0), device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return int(flag.item()) or None
+
+    def run(self) -> dict[str, float]:
+        """Train from the current step to cfg.max_steps; returns the last evaluation's metrics."""
+        c, s = self.cfg, self.spec
+        self.progress = Progress(c.max_steps, every=s.progress_every) if self.dist.is_main else None
+        self.clock = Throughput(s.tokens_per_step, self.step)
+        was_deterministic = torch.are_deterministic_algorithms_enabled()
+        if c.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
+        self.model.train()
+        try:
+            with StopRequest() as stop:
+                while self.step < c.max_steps:
+                    self.train_step()
+                    self.callbacks.fire("step", self.step)
+                    evaluate = s.evaluate is not None and (
+                        self._due(c.eval_every) or bool(s.eval_at and s.eval_at(self.step))
+                    )
+                    save = self._due(c.save_every) if c.save_every else evaluate  # None: with each evaluation
+                    signum = self._stop_signal(stop) if not self.dist.enabled or self._due(c.log_every) else None
+                    if self._due(c.log_every) or evaluate or save or signum:
+                        self._log_train(*self._read())
+                    with self.clock.paused():
+                        if evaluate:
+                            self._evaluate()
+                        if save or signum:
+                            self.save()
+                    if signum:
+                        raise Stopped(
+                            f"stopped by {stop.name} at step {self.step}: checkpoint saved in "
+                            f"{self.run_dir / ckpt.CHECKPOINTS_DIR / f'step_{self.step}'}; continue with "
+                            f"{s.resume_hint or '--resume'}", signum,
+                        )  # fmt: skip
+                self._log_train(*self._read())
+        finally:
+            self.batches.close()
+            torch.use_deterministic_algorithms(was_deterministic)
+            if self.progress is not None:
+                self.progress.close()
+        if self.dist.is_main:
+            try:
+                plot_metrics(self.run_dir)
+            except Exception as e:  # noqa: BLE001 — a plotting problem must not lose a finished run
+                print(f"warning: could not plot metrics: {e}", file=sys.stderr)
+        return self.last_eval
+
+
+def fit(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, dict[str, Tensor]], LossOutput],
+    batches: BatchSource,
+    cfg: LoopConfig,
+    run_dir: Path,
+    evaluate: Callable[[int], dict[str, float]] | None = None,
+) -> dict[str, float]:
+    """Train `model` in this process on the device its parameters are on, logging to RUN/metrics.jsonl (and
+    saving resumable checkpoints only when cfg.save_every is set); returns the last evaluation."""
+    spec = LoopSpec(saved=lambda: Saved(model, {}), evaluate=evaluate)
+    device = next(model.parameters()).device
+    with MetricsLogger(run_dir) as log:
+        return Loop(model, loss_fn, batches, cfg, run_dir, spec, dist=DistInfo(), device=device, log=log).run()

@@ -1,0 +1,165 @@
+"""Pretraining: a locked run dir, the run's tokenizer and token shards, an objective's model, loss and batches,
+trained by the one loop (`train/loop.py`). It knows objectives through their interface and nothing of families."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from lmforge.config import Config, to_dict
+from lmforge.errors import LMForgeError
+from lmforge.objectives import OBJECTIVES
+from lmforge.objectives.rng import use_rng
+from lmforge.progress import status
+from lmforge.train import checkpoint as ckpt
+from lmforge.train.callbacks import Callbacks
+from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
+from lmforge.train.loop import Loop, LoopSpec, Saved
+from lmforge.train.metrics import MetricsLogger, flops_per_token, peak_flops
+from lmforge.train.prefetch import Batch
+from lmforge.train.resume import resume_checkpoint
+from lmforge.train.rundir import lock_run_dir
+from lmforge.train.setup import (
+    apply_init,
+    check_inputs,
+    check_vocab,
+    load_or_train_tokenizer,
+    model_summary,
+    pick_device,
+    prepare_data,
+    seed_everything,
+)
+
+
+class ObjectiveBatches:
+    """A loader's packed windows (or sentence pairs) turned into model batches by an objective's transform, every
+    random choice drawn from this source's own generator: a batch depends only on the seed and the position, and
+    the state (position + generator) resumes it exactly."""
+
+    def __init__(self, loader, transform, seed: int) -> None:
+        self.loader, self.transform = loader, transform
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __next__(self) -> Batch:
+        tokens = next(self.loader)
+        with use_rng(self.generator):
+            data = self.transform(tokens)
+        return Batch(data)
+
+    def state_dict(self) -> dict:
+        return {"loader": self.loader.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self.generator.set_state(state["generator"])
+
+
+class Pretraining:
+    """Builds a pretraining run from a Config and trains it: `Pretraining(cfg, resume=False).fit()`."""
+
+    def __init__(self, cfg: Config, resume: bool = False, callbacks: Callbacks | None = None) -> None:
+        self.cfg, self.run_dir = cfg, Path(cfg.run.dir)
+        self.dist: DistInfo = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = pick_device(cfg.train.device, self.dist)
+        self.lock = lock_run_dir(self.run_dir, self.dist)  # before any work: a second process is refused at once
+        try:
+            self._build(resume, callbacks)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _build(self, resume: bool, callbacks: Callbacks | None) -> None:
+        cfg, d = self.cfg, self.dist
+        if "tensorboard" in cfg.train.log_to:
+            _require_tensorboard()  # now, before any work
+        # Each rank draws its own random numbers (noise, dropout); rank 0 keeps run.seed (a one-process run's
+        # stream) and DDP gives every rank rank 0's initial weights.
+        seed_everything(rank_seed(cfg.run.seed, d.rank))
+        self.init_from = apply_init(cfg)  # before the config is saved or compared: it sets model.* and the tokenizer
+        self.resume_from = resume_checkpoint(self.run_dir, to_dict(cfg), resume, d.is_main)
+        check_inputs(cfg)
+        if d.is_main:
+            status(model_summary(cfg))
+        self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, d)
+        check_vocab(cfg, self.tokenizer)
+        self.data_dir = prepare_data(cfg, self.run_dir, self.tokenizer, d)
+        self.objective = OBJECTIVES.get(cfg.objective.name)(cfg, self.tokenizer)
+        self.raw_model = self.objective.build_model(cfg.model).to(self.device)
+        if self.init_from is not None and self.resume_from is None:  # a resumed run's checkpoint is newer
+            ckpt.load_weights(self.init_from, self.raw_model)
+            if d.is_main:
+                status(f"initialised from {self.init_from}")
+        t = cfg.train
+        loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
+        batches = ObjectiveBatches(loader, self.objective.transform, rank_seed(cfg.run.seed, d.rank) + 0x0B1E)
+        self.val_loader = self.objective.make_loader(self.data_dir, "val")
+        count = getattr(self.raw_model, "num_params", None)
+        n_params = count(non_embedding=True) if count else sum(p.numel() for p in self.raw_model.parameters())
+        spec = LoopSpec(
+            saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
+            evaluate=self.evaluate,
+            tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * d.world_size,
+            flops_per_token=flops_per_token(n_params, cfg.model.n_layers, cfg.model.d_model, t.seq_len),
+            peak_flops=peak_flops(self.device, torch.bfloat16 if t.precision != "fp32" else torch.float32),
+            resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
+        )
+        self.loop = Loop(
+            self.raw_model, self.objective.loss, batches, t, self.run_dir, spec, dist=d, device=self.device,
+            log=None, callbacks=callbacks,
+        )  # fmt: skip
+        if self.resume_from is not None:
+            self.loop.restore(self.resume_from, lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank)))
+            if d.is_main:
+                pos = self.loop.batches.state_dict()["loader"]
+                status(
+                    f"resumed from {self.resume_from} at step {self.loop.step} "
+                    f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})"
+                )
+        # Lines an interrupted attempt logged after its checkpoint (or before any checkpoint) are dropped.
+        self.log = MetricsLogger(self.run_dir, resume_step=self.loop.step, sinks=t.log_to) if d.is_main else None
+        self.loop.log = self.log
+        if d.is_main:
+            ckpt.save_run_config(self.run_dir, to_dict(cfg))
+
+    @property
+    def model(self):
+        return self.loop.model
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Validation loss (nats/token), perplexity and bits per byte over the deterministic val pass."""
+        total, n = 0.0, 0
+        # Objectives that corrupt at random may give validation fixed corruptions (e.g. static MLM masks).
+        transform = getattr(self.objective, "eval_transform", self.objective.transform)
+        for tokens in self.val_loader.eval_batches(self.cfg.train.eval_batches):
+            batch = {k: v.to(self.device) for k, v in transform(tokens).items()}
+            out = self.objective.loss(self.raw_model, batch)
+            total += float(out.loss) * int(out.n_tokens)
+            n += int(out.n_tokens)
+        loss = total / max(n, 1)
+        if not self.objective.language_model:
+            return {"val_loss": loss}
+        meta = json.loads((self.data_dir / "meta.json").read_text())
+        bytes_per_token = meta["val"]["n_bytes"] / max(1, meta["val"]["n_tokens"])
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "val_bpb": loss / math.log(2) / bytes_per_token}
+
+    def fit(self) -> dict[str, float]:
+        """Train to train.max_steps; returns the last validation metrics."""
+        try:
+            return self.loop.run()
+        finally:
+            if self.log is not None:
+                self.log.close()
+            self.lock.release()
+            cleanup(self.dist)
+
+
+def _require_tensorboard() -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise LMForgeError(
+            "train.log_to=tensorboard needs the tensorboard package: pip install 'lmforge[tensorboard]'"
+        ) from None

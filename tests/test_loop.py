@@ -1,0 +1,140 @@
+"""The one training loop's parts: the prefetching batch source equals the synchronous one (batches and resume
+state), a training step reads nothing back from the device, and a non-finite step is skipped by the optimizer
+itself."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from lm_objective_testing import TINY_DECODER, objective
+from training_testing import make_prepared
+
+from lmforge.config import TrainConfig
+from lmforge.data import TokenLoader
+from lmforge.models import ModelConfig, Transformer
+from lmforge.objectives.base import LossOutput
+from lmforge.tokenizers import Tokenizer
+from lmforge.train.distributed import DistInfo
+from lmforge.train.loop import Loop, LoopSpec, Saved
+from lmforge.train.metrics import MetricsLogger, read_metrics
+from lmforge.train.prefetch import Batch, Prefetcher
+from lmforge.train.pretrain import ObjectiveBatches
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return make_prepared(tmp_path_factory.mktemp("prepared"), 12)
+
+
+def _source(prepared, seed: int = 3) -> ObjectiveBatches:
+    """Prefix-LM batches: every window gets a random split point drawn from the source's generator."""
+    tok_dir, data = prepared
+    obj = objective("prefix_lm", Tokenizer.load(tok_dir), model={**TINY_DECODER, "mask": "prefix"}, seq_len=32)
+    loader = TokenLoader(data, "train", seq_len=32, batch_size=4, seed=1)
+    return ObjectiveBatches(loader, obj.transform, seed)
+
+
+def _same(a: Batch, b: Batch) -> bool:
+    return a.data.keys() == b.data.keys() and all(torch.equal(a.data[k], b.data[k]) for k in a.data)
+
+
+def test_prefetched_batches_and_states_equal_the_synchronous_ones(prepared):
+    sync, ahead = Prefetcher(_source(prepared), depth=0), Prefetcher(_source(prepared), depth=3)
+    states = []
+    for _ in range(25):  # past an epoch end of the loader
+        assert _same(next(sync), next(ahead))
+        assert sync.state_dict()["loader"] == ahead.state_dict()["loader"]
+        assert torch.equal(sync.state_dict()["generator"], ahead.state_dict()["generator"])
+        states.append(ahead.state_dict())
+    ahead.close()
+    # Resuming from a state taken while the thread was ahead gives exactly the batches that followed it.
+    resumed = Prefetcher(_source(prepared), depth=2)
+    resumed.load_state_dict(states[9])
+    replay = Prefetcher(_source(prepared), depth=0)
+    for _ in range(10):
+        next(replay)
+    for _ in range(8):
+        assert _same(next(resumed), next(replay))
+    resumed.close()
+
+
+def test_an_error_in_the_prefetch_thread_reaches_the_training_step():
+    class Broken:
+        def __next__(self):
+            raise ValueError("bad row")
+
+        def state_dict(self):
+            return {}
+
+    with pytest.raises(ValueError, match="bad row"):
+        next(Prefetcher(Broken(), depth=2))
+
+
+class _Poisoned:
+    """Batches whose loss is NaN at chosen steps (a scale of NaN), else a real LM loss."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad, self.i = bad, 0
+        self.gen = torch.Generator().manual_seed(0)
+
+    def __next__(self) -> Batch:
+        self.i += 1
+        ids = torch.randint(0, 100, (2, 9), generator=self.gen)
+        scale = torch.tensor(float("nan") if self.i in self.bad else 1.0)
+        return Batch({"ids": ids, "scale": scale})
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, s):
+        self.i = s["i"]
+
+
+def _loss(model, batch) -> LossOutput:
+    logits = model(batch["ids"][:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["ids"][:, 1:].flatten())
+    return LossOutput(loss * batch["scale"], batch["ids"][:, 1:].numel())
+
+
+@contextlib.contextmanager
+def _no_device_reads():
+    """Fail on every way a tensor's value reaches Python (each one waits for the device on a GPU)."""
+    names = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def refuse(self, *a, **k):
+        raise AssertionError("a training step read a tensor value back")
+
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, refuse)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+def test_a_step_reads_nothing_back_and_skips_nonfinite_updates_on_the_device(tmp_path):
+    cfg = TrainConfig(max_steps=8, warmup_steps=0, lr=1e-2, log_every=8, prefetch=0, grad_clip=1.0)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=100, **TINY_DECODER))
+    with MetricsLogger(tmp_path) as log:
+        loop = Loop(model, _loss, _Poisoned({2, 3}), cfg, tmp_path, LoopSpec(saved=lambda: Saved(model, {})),
+                    dist=DistInfo(), device=torch.device("cpu"), log=log)  # fmt: skip
+        weights = [{k: v.clone() for k, v in model.state_dict().items()}]
+        with _no_device_reads():
+            for _ in range(4):
+                loop.train_step()
+                weights.append({k: v.clone() for k, v in model.state_dict().items()})
+        kept, _ = loop._read()  # the one read: the values of all four steps at once
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    assert not same(weights[0], weights[1]) and not same(weights[3], weights[4])  # steps 1 and 4 updated
+    assert same(weights[1], weights[2]) and same(weights[2], weights[3])  # the NaN steps 2 and 3 did not
+    assert len(kept) == 2 and loop.streak == 0
+    skipped = [r for r in read_metrics(tmp_path) if r.get("skipped")]
+    assert [r["step"] for r in skipped] == [2, 3]
