@@ -83,9 +83,10 @@ class XLNet(RecurrentObjective):
         n = num_predict(T, self.options.k)
         targets = rank.argsort(dim=-1)[:, T - n :]  # (B, n): the last n positions of each order, in order
         batch = {"input_ids": ids, "rank": rank, "target_positions": targets, "labels": ids.gather(1, targets)}
-        if self.options.segments and T > 1:
-            cut = torch.randint(1, T, (B, 1))
-            batch["token_type_ids"] = (torch.arange(T)[None, :] >= cut).long()
+        # Without segments every token is in segment 0: the segment term is then constant over keys (no effect),
+        # but its parameters stay in the graph, as distributed data parallel requires.
+        cut = torch.randint(1, T, (B, 1)) if self.options.segments and T > 1 else torch.full((B, 1), T)
+        batch["token_type_ids"] = (torch.arange(T)[None, :] >= cut).long()
         return batch
 
     def eval_transform(self, tokens: Tensor) -> dict[str, Tensor]:
@@ -96,7 +97,7 @@ class XLNet(RecurrentObjective):
         ids, labels = batch["input_ids"], batch["labels"]
         out = model(
             ids,
-            token_type_ids=batch.get("token_type_ids"),
+            token_type_ids=batch["token_type_ids"],
             perm_mask=permutation_mask(batch["rank"]),
             query_positions=batch["target_positions"],
             mems=self.memory(model, ids.shape[0]),
