@@ -191,6 +191,15 @@ class Transformer(nn.Module):
             hidden_states=hidden_states,
         )  # fmt: skip
 
+    def _xl_args(self, **xl) -> dict:
+        """The Transformer-XL / XLNet arguments of a forward; LMForgeError when the model has no such stack."""
+        cfg = self.config
+        if cfg.position != "xl" and any(v is not None and v is not False for v in xl.values()):
+            raise LMForgeError(
+                f"model '{cfg.name}' has no Transformer-XL recurrence (model.position is '{cfg.position}')"
+            )
+        return xl
+
     def _forward_xl(
         self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None, cache: KVCache | None,
         xl: dict, output_hidden_states: bool, return_logits: bool,
@@ -262,13 +271,9 @@ class Transformer(nn.Module):
         length mem_len (None = model.mem_len). perm_mask (B, T, T), 1 where position i may not see position j, is
         XLNet's factorisation-order mask; query_positions (B, P) runs the query stream at those positions."""
         cfg = self.config
-        xl = dict(mems=mems, use_mems=use_mems, mem_len=mem_len, perm_mask=perm_mask, query_positions=query_positions)
-        if cfg.position != "xl" and (
-            mems is not None or use_mems or perm_mask is not None or query_positions is not None
-        ):
-            raise LMForgeError(
-                f"model '{cfg.name}' has no Transformer-XL recurrence (model.position is '{cfg.position}')"
-            )
+        xl = self._xl_args(
+            mems=mems, use_mems=use_mems, mem_len=mem_len, perm_mask=perm_mask, query_positions=query_positions
+        )
         if mtp and not cfg.mtp_heads:
             raise LMForgeError(f"model '{cfg.name}' has no multi-token prediction heads (model.mtp_heads is 0)")
         if isinstance(prefix_len, int):
