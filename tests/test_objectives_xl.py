@@ -80,10 +80,9 @@ def test_validation_starts_each_pass_afresh_carries_memory_and_leaves_training_m
 
 def test_bad_setups_give_one_clear_error():
     tok = tokenizer("gpt")
+    obj = objective("transformer_xl", tok, model={"preset": "gpt-tiny"})
     with pytest.raises(LMForgeError) as e:
-        objective("transformer_xl", tok, model={"preset": "gpt-tiny"}).build_model(
-            objective("transformer_xl", tok, model={"preset": "gpt-tiny"}).cfg.model
-        )
+        obj.build_model(obj.cfg.model)
     assert str(e.value) == (
         "objective 'transformer_xl' needs a model with model.position='xl' (e.g. "
         "--model.preset=transformer-xl-tiny), got position 'learned'"
