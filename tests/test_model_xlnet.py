@@ -12,7 +12,7 @@ from model_testing import ATOL, V, save_hf, tiny
 from xl_testing import boost_relative
 
 from lmforge.models.hf import export_hf, import_hf
-from lmforge.models.recurrence import _masks
+from lmforge.models.recurrence import stream_masks
 from lmforge.objectives.xlnet import permutation_mask, sample_order
 
 B, T, P = 3, 10, 4
@@ -124,7 +124,7 @@ def test_attention_masks_follow_the_factorisation_order():
     stream also sees itself; memory is visible to all."""
     n, M = 2000, 3
     rank = sample_order(n, T)
-    content, query = _masks(n, T, M, False, None, permutation_mask(rank), torch.device("cpu"))
+    content, query = stream_masks(n, T, M, False, None, permutation_mask(rank), torch.device("cpu"))
     before = rank[:, None, :] < rank[:, :, None]  # [b, i, j]: j precedes i
     assert torch.equal(query[:, :, M:], before)
     assert torch.equal(content[:, :, M:], before | torch.eye(T, dtype=torch.bool))

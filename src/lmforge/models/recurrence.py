@@ -46,7 +46,7 @@ def update_memory(mem: Tensor | None, h: Tensor, mem_len: int) -> Tensor:
     return cat[:, -mem_len:].detach()
 
 
-def _masks(
+def stream_masks(
     B: int, T: int, M: int, causal: bool, key_padding: Tensor | None, perm_mask: Tensor | None, device
 ) -> tuple[Tensor | None, Tensor | None]:
     """Allowed keys (1|B, T, M + T) of the content and query streams; None = every key.
@@ -168,7 +168,7 @@ def xl_forward(
     device = h.device
     table, index = distance_table(T, M + T, M, cfg.d_model, cfg.clamp_len, causal, device)
     r = stack.dropout(table.to(h.dtype))
-    content, query = _masks(B, T, M, causal, key_padding, perm_mask, device)
+    content, query = stream_masks(B, T, M, causal, key_padding, perm_mask, device)
     seg = _segments(token_type_ids, M) if cfg.rel_segments else None
     rel_h = RelInputs(index[None], content, seg)
     g = rel_g = None
