@@ -152,6 +152,10 @@ FIELD_CHANGES = [
     ("rel_buckets", "t5-tiny", 16),
     ("rel_max_distance", "t5-tiny", 40),
     ("bias", "gpt-tiny", False),
+    ("attn_bias", "gpt-tiny", False),
+    ("clamp_len", "transformer-xl-tiny", 3),
+    ("rel_segments", "transformer-xl-tiny", True),
+    ("two_stream", "transformer-xl-tiny", True),
     ("tie_embeddings", "gpt-tiny", False),
     ("mask", "gpt-tiny", "prefix"),
     ("type_vocab_size", "gpt-tiny", 2),
@@ -179,6 +183,7 @@ METADATA_FIELDS = {
     "name": "test_presets_are_registered_under_their_name (test_model_presets.py)",
     "pad_id": "test_token_ids_travel_through_export (test_hf_convert.py)",
     "decoder_start_id": "test_token_ids_travel_through_export (test_hf_convert.py)",
+    "mem_len": "test_model_mem_len_is_the_default_and_zero_returns_none (test_model_xl.py)",
 }
 
 

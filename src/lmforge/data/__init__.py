@@ -6,12 +6,14 @@ from lmforge.data.fetch import FETCHERS, LABELLED, cache_root, fetch, list_fetch
 from lmforge.data.loader import TokenLoader, read_meta, unigram_cross_entropy
 from lmforge.data.prepare import prepare
 from lmforge.data.readers import DocumentStream, read_documents
+from lmforge.data.stream import StreamLoader
 
 __all__ = [
     "FETCHERS",
     "LABELLED",
     "CleanConfig",
     "DocumentStream",
+    "StreamLoader",
     "TokenLoader",
     "cache_root",
     "clean_documents",

@@ -8,7 +8,7 @@ from typing import Literal
 Arch = Literal["decoder", "encoder", "encoder-decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
-Position = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "shaw", "none"]
+Position = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "shaw", "xl", "none"]
 MaskKind = Literal["causal", "bidirectional", "prefix"]
 
 
@@ -52,6 +52,20 @@ class ModelConfig:
     """T5 bucket max distance, and Shaw et al.'s clipping distance for position='shaw'."""
     bias: bool = True
     """Biases in attention and MLP projections (False for T5 and Llama)."""
+    attn_bias: bool | None = None
+    """Biases in the attention projections alone (None = `bias`); Transformer-XL and XLNet have none there but keep
+    the MLP's."""
+    mem_len: int = 0
+    """Transformer-XL segment recurrence (Dai et al. 2019 §3.2; position='xl'): hidden states of the previous
+    segments kept per layer as extra, stop-gradient keys and values (0 = no memory)."""
+    clamp_len: int = 0
+    """position='xl': relative distances beyond clamp_len share R_clamp_len (0 = no clamping)."""
+    rel_segments: bool = False
+    """XLNet §2.5 relative segment encoding (position='xl'): a learned bias and one of two segment vectors, for
+    "same segment" and "different segment", score each query-key pair from token_type_ids."""
+    two_stream: bool = False
+    """XLNet §2.3 two-stream attention (position='xl'): a query stream, started from a learned vector, that knows
+    the target position but not its content runs beside the content stream (models/recurrence.py)."""
     tie_embeddings: bool = True
     """LM head shares the token embedding matrix."""
     mask: MaskKind = "causal"
@@ -110,6 +124,11 @@ class ModelConfig:
         return self.n_decoder_layers or self.n_layers
 
     @property
+    def qkv_bias(self) -> bool:
+        """Whether the attention projections have biases."""
+        return self.bias if self.attn_bias is None else self.attn_bias
+
+    @property
     def gated(self) -> bool:
         return self.activation in ("swiglu", "geglu")
 
@@ -150,6 +169,25 @@ class ModelConfig:
         if self.position_offset < 0:
             raise LMForgeError(f"model.position_offset must be >= 0, got {self.position_offset}")
         self._validate_mtp()
+        self._validate_xl()
+
+    def _validate_xl(self) -> None:
+        from lmforge.errors import LMForgeError
+
+        for name in ("mem_len", "clamp_len"):
+            if getattr(self, name) < 0:
+                raise LMForgeError(f"model.{name} must be >= 0, got {getattr(self, name)}")
+        if self.position != "xl":
+            for name in ("mem_len", "clamp_len", "rel_segments", "two_stream"):
+                if getattr(self, name):
+                    raise LMForgeError(f"model.{name} needs model.position='xl' (Transformer-XL relative attention)")
+            return
+        if self.arch == "encoder-decoder" or self.mask == "prefix":
+            raise LMForgeError("model.position='xl' applies to causal decoders and encoders, not encoder-decoders")
+        if self.kv_heads != self.n_heads:
+            raise LMForgeError("model.position='xl' needs multi-head attention (model.n_kv_heads null or n_heads)")
+        if self.mtp_heads:
+            raise LMForgeError("model.position='xl' does not combine with model.mtp_heads")
 
     def _validate_mtp(self) -> None:
         from lmforge.errors import LMForgeError

@@ -42,6 +42,24 @@ LLAMA = dict(
     tie_embeddings=False,
 )
 
+# Transformer-XL (Dai et al. 2019 §3; the released PyTorch code's defaults): post-LN, ReLU FFN, relative attention
+# with sinusoidal R, u/v biases and segment-level memory, no biases in the attention projections, embeddings scaled
+# by sqrt(d_model), tied output matrix. (The paper's adaptive input/softmax is left out: lmforge's subword
+# vocabularies are small enough for a plain softmax.)
+TRANSFORMER_XL = dict(
+    arch="decoder",
+    norm="layernorm",
+    norm_position="post",
+    final_norm=False,
+    activation="relu",
+    position="xl",
+    attn_bias=False,
+    scale_embeddings=True,
+    tie_embeddings=True,
+    dropout=0.1,
+    attn_dropout=0.0,
+)
+
 # Encoders ---------------------------------------------------------------------------------------------------------
 
 # BERT (Devlin et al. 2019 §3): post-LN, embedding LayerNorm, token + segment + learned positions, exact GELU,
@@ -89,6 +107,26 @@ ELECTRA_DISCRIMINATOR = {
     "lm_head_bias": False,
     "rtd_head": True,
 }
+
+# XLNet (Yang et al. 2019 §2): Transformer-XL layers (post-LN, relative attention, memory) with exact GELU and BERT's
+# LayerNorm epsilon, relative segment encodings, and the two-stream attention of permutation language modelling;
+# the LM head is the tied embedding matrix plus a bias (Hugging Face's XLNetLMHeadModel).
+XLNET = dict(
+    arch="encoder",
+    norm="layernorm",
+    norm_eps=1e-12,
+    norm_position="post",
+    final_norm=False,
+    activation="gelu",
+    position="xl",
+    attn_bias=False,
+    rel_segments=True,
+    two_stream=True,
+    tie_embeddings=True,
+    lm_head_bias=True,
+    dropout=0.1,
+    attn_dropout=0.1,
+)
 
 # Encoder-decoders -------------------------------------------------------------------------------------------------
 

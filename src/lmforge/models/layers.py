@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lmforge.models.config import ModelConfig
 from lmforge.models.positions import RotaryEmbedding, ShawRelativePosition
+from lmforge.models.relative import XLRelative
 
 
 class RMSNorm(nn.Module):
@@ -117,19 +118,23 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.kv_heads, cfg.dim_head
         self.cross = cross
         q_dim, kv_dim = self.n_heads * self.hd, self.n_kv * self.hd
+        bias = cfg.qkv_bias
         if cross:
-            self.q = nn.Linear(cfg.d_model, q_dim, bias=cfg.bias)
-            self.kv = nn.Linear(cfg.d_model, 2 * kv_dim, bias=cfg.bias)
+            self.q = nn.Linear(cfg.d_model, q_dim, bias=bias)
+            self.kv = nn.Linear(cfg.d_model, 2 * kv_dim, bias=bias)
         else:
             # One fused projection: a single matmul for q, k and v.
-            self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=cfg.bias)
-        self.o = nn.Linear(q_dim, cfg.d_model, bias=cfg.bias)
+            self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=bias)
+        self.o = nn.Linear(q_dim, cfg.d_model, bias=bias)
         self.scale = 1.0 / math.sqrt(self.hd) if cfg.scale_attention else 1.0
         self.attn_dropout = cfg.attn_dropout
         self.rope = RotaryEmbedding(self.hd, base=cfg.rope_base) if cfg.position == "rope" and not cross else None
         self.shaw = (
             ShawRelativePosition(self.hd, cfg.rel_max_distance) if cfg.position == "shaw" and not cross else None
         )
+        # Transformer-XL / XLNet relative attention (models/relative.py), run by models/recurrence.py.
+        if cfg.position == "xl" and not cross:
+            self.rel = XLRelative(cfg.d_model, self.n_heads, self.hd, cfg.rel_segments, cfg.init_std)
         # Prefix-tuning hook (lmforge.adapt.prefix): a callable (k, v, mask, is_causal, layer) -> (k, v, mask) that
         # puts learned keys/values before this layer's self-attention keys. A plain attribute, not a submodule.
         self.kv_prefix = None

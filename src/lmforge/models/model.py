@@ -14,6 +14,7 @@ from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.models.layers import KVCache, activation_fn, make_norm
 from lmforge.models.mtp import MTPHeads
+from lmforge.models.recurrence import xl_forward
 from lmforge.models.stack import Stack
 
 
@@ -34,6 +35,17 @@ class ModelOutput:
     mtp_logits: list[Tensor] | None = None
     """Multi-token prediction (forward(..., mtp=True)): per depth k = 1..mtp_heads, (B, T - k, V) logits of
     token t + k + 1 at position t."""
+    hidden_states: tuple[Tensor, ...] | None = None
+    """output_hidden_states=True: the embedding output and every block's output, n_layers + 1 tensors (B, T, d_model),
+    the last one after the final norm (as Hugging Face returns them); the decoder's for encoder-decoders."""
+    encoder_hidden_states: tuple[Tensor, ...] | None = None
+    """output_hidden_states=True on an encoder-decoder: the encoder's n_layers + 1 hidden states."""
+    mems: list[Tensor] | None = None
+    """use_mems=True (model.position='xl'): per layer (B, <= mem_len, d_model), the memory for the next segment."""
+    query_hidden_state: Tensor | None = None
+    """XLNet query stream (forward(..., query_positions=...)): (B, P, d_model) at the target positions."""
+    query_logits: Tensor | None = None
+    """(B, P, vocab_size) LM-head logits of the query stream, when logits were requested."""
 
 
 class RTDHead(nn.Module):
@@ -158,11 +170,66 @@ class Transformer(nn.Module):
         return torch.arange(offset, n, device=input_ids.device)
 
     def encode(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        hidden_states: list[Tensor] | None = None,
     ) -> Tensor:
-        """Encoder hidden states (B, T, d_model)."""
+        """Encoder hidden states (B, T, d_model); `hidden_states` collects every layer's (see ModelOutput)."""
+        if self.config.position == "xl":
+            out = xl_forward(
+                self.encoder, self.tok_emb(input_ids), causal=False, key_padding=attention_mask,
+                token_type_ids=token_type_ids, output_hidden_states=hidden_states is not None,
+            )  # fmt: skip
+            if hidden_states is not None:
+                hidden_states.extend(out.hidden_states)
+            return out.h
         pos = self._positions(input_ids, None, None)
-        return self.encoder(self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask)
+        return self.encoder(
+            self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask,
+            hidden_states=hidden_states,
+        )  # fmt: skip
+
+    def _xl_args(self, **xl) -> dict:
+        """The Transformer-XL / XLNet arguments of a forward; LMForgeError when the model has no such stack."""
+        cfg = self.config
+        if cfg.position != "xl" and any(v is not None and v is not False for v in xl.values()):
+            raise LMForgeError(
+                f"model '{cfg.name}' has no Transformer-XL recurrence (model.position is '{cfg.position}')"
+            )
+        return xl
+
+    def _forward_xl(
+        self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None, cache: KVCache | None,
+        xl: dict, output_hidden_states: bool, return_logits: bool,
+    ) -> ModelOutput:  # fmt: skip
+        """Forward of a Transformer-XL / XLNet stack (models/recurrence.py); xl: mems, use_mems, mem_len,
+        perm_mask, query_positions."""
+        cfg = self.config
+        stack = self.decoder if cfg.arch == "decoder" else self.encoder
+        mem_len = cfg.mem_len if xl["mem_len"] is None else xl["mem_len"]
+        out = xl_forward(
+            stack, self.tok_emb(input_ids), causal=cfg.arch == "decoder", key_padding=attention_mask,
+            token_type_ids=token_type_ids, mems=xl["mems"], mem_len=mem_len if xl["use_mems"] else 0,
+            perm_mask=xl["perm_mask"], query_positions=xl["query_positions"], cache=cache,
+            output_hidden_states=output_hidden_states,
+        )  # fmt: skip
+        h, g = out.h, out.g
+        pooled = torch.tanh(self.pooler(h[:, 0])) if cfg.pooler else None
+        want = cfg.lm_head and return_logits
+        return ModelOutput(
+            last_hidden_state=h,
+            logits=self.logits(h) if want else None,
+            cache=cache,
+            pooled=pooled,
+            rtd_logits=self.rtd_head(h) if cfg.rtd_head else None,
+            nsp_logits=self.nsp_head(pooled) if cfg.nsp_head else None,
+            hidden_states=tuple(out.hidden_states) if output_hidden_states else None,
+            mems=out.mems,
+            query_hidden_state=g,
+            query_logits=self.logits(g) if want and g is not None else None,
+        )
 
     def forward(
         self,
@@ -179,6 +246,12 @@ class Transformer(nn.Module):
         use_cache: bool = False,
         return_logits: bool = True,
         mtp: bool = False,
+        output_hidden_states: bool = False,
+        mems: list[Tensor] | None = None,
+        use_mems: bool = False,
+        mem_len: int | None = None,
+        perm_mask: Tensor | None = None,
+        query_positions: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T)).
 
@@ -189,17 +262,33 @@ class Transformer(nn.Module):
         with a cache, run `encode` once and pass its output as encoder_hidden_states on every step; the
         cross-attention keys/values are computed on the first step and kept in the cache.
 
-        mtp: also run the multi-token prediction heads (decoders with model.mtp_heads > 0; training only)."""
+        mtp: also run the multi-token prediction heads (decoders with model.mtp_heads > 0; training only).
+
+        output_hidden_states: also return every layer's hidden states (ModelOutput.hidden_states).
+
+        Transformer-XL / XLNet stacks (model.position='xl'): `mems` is the previous segments' memory (one
+        (B, M, d_model) tensor per layer, ModelOutput.mems of the last call); use_mems returns the next one, of
+        length mem_len (None = model.mem_len). perm_mask (B, T, T), 1 where position i may not see position j, is
+        XLNet's factorisation-order mask; query_positions (B, P) runs the query stream at those positions."""
         cfg = self.config
+        xl = self._xl_args(
+            mems=mems, use_mems=use_mems, mem_len=mem_len, perm_mask=perm_mask, query_positions=query_positions
+        )
         if mtp and not cfg.mtp_heads:
             raise LMForgeError(f"model '{cfg.name}' has no multi-token prediction heads (model.mtp_heads is 0)")
         if isinstance(prefix_len, int):
             prefix_len = torch.full((input_ids.shape[0],), prefix_len, device=input_ids.device)
         if use_cache and cache is None:
             cache = KVCache(cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers)
+        if cfg.position == "xl":
+            return self._forward_xl(
+                input_ids, attention_mask, token_type_ids, cache, xl, output_hidden_states, return_logits
+            )
         enc = pooled = None
+        hidden = [] if output_hidden_states else None
+        enc_hidden = [] if output_hidden_states and cfg.arch == "encoder-decoder" else None
         if cfg.arch == "encoder":
-            h = self.encode(input_ids, attention_mask, token_type_ids)
+            h = self.encode(input_ids, attention_mask, token_type_ids, hidden_states=hidden)
         elif cfg.arch == "decoder":
             pos = self._positions(input_ids, cache, position_ids)
             h = self.decoder(
@@ -209,13 +298,16 @@ class Transformer(nn.Module):
                 key_padding=attention_mask,
                 prefix_len=prefix_len,
                 cache=cache,
+                hidden_states=hidden,
             )
         else:
             if decoder_input_ids is None:
                 raise LMForgeError("an encoder-decoder forward needs decoder_input_ids")
             enc = encoder_hidden_states
             if enc is None:
-                enc = self.encode(input_ids, attention_mask, token_type_ids)
+                enc = self.encode(input_ids, attention_mask, token_type_ids, hidden_states=enc_hidden)
+            else:
+                enc_hidden = None  # the caller encoded: its layers are not here
             pos = self._positions(decoder_input_ids, cache, position_ids)
             h = self.decoder(
                 self.tok_emb(decoder_input_ids),
@@ -224,6 +316,7 @@ class Transformer(nn.Module):
                 cache=cache,
                 memory=enc,
                 memory_padding=attention_mask,
+                hidden_states=hidden,
             )
         if cfg.pooler:
             pooled = torch.tanh(self.pooler(h[:, 0]))
@@ -231,4 +324,6 @@ class Transformer(nn.Module):
         rtd = self.rtd_head(h) if cfg.rtd_head else None
         nsp = self.nsp_head(pooled) if cfg.nsp_head else None
         extra = self.mtp(self, h, input_ids, attention_mask) if mtp else None
-        return ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra)
+        hs = tuple(hidden) if hidden is not None else None
+        enc_hs = tuple(enc_hidden) if enc_hidden else None
+        return ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra, hs, enc_hs)

@@ -67,6 +67,18 @@ _TINY_DECODER = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_
 preset("gpt-mtp-tiny", F.GPT2, d_ff=256, mtp_heads=2, mtp_sequential=False, mtp_head="block", **_TINY_DECODER)
 preset("llama-mtp-tiny", F.LLAMA, d_ff=172, mtp_heads=1, mtp_sequential=True, **_TINY_DECODER)
 
+# Transformer-XL (Dai et al. 2019; the released WikiText-103 base script): 16 layers, d_model 410, 10 heads of 41,
+# d_inner 2100, segments of 150 tokens with 150 of memory; relative distances clamped at 400 as in its evaluation
+# (training never reaches them). The paper's 267,735-word vocabulary (151M parameters with the tied table).
+preset(
+    "transformer-xl-base", F.TRANSFORMER_XL, vocab_size=267735, d_model=410, n_layers=16, n_heads=10, head_dim=41,
+    d_ff=2100, max_seq_len=512, mem_len=150, clamp_len=400,
+)  # fmt: skip
+preset(
+    "transformer-xl-tiny", F.TRANSFORMER_XL, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256,
+    max_seq_len=256, mem_len=64,
+)  # fmt: skip
+
 # --- encoders ------------------------------------------------------------------------------------------------------
 # BERT (Devlin et al. 2019 §3): 30,522 WordPiece vocab, 512 positions, 2 segment types.
 _BERT_VOCAB = dict(vocab_size=30522, max_seq_len=512, init_std=0.02)
@@ -111,6 +123,14 @@ preset(
 _ELECTRA_TINY = dict(vocab_size=512, embedding_dim=32, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 preset("electra-tiny", F.ELECTRA_DISCRIMINATOR, **_ELECTRA_TINY)
 preset("electra-tiny-generator", F.ELECTRA_GENERATOR, **_ELECTRA_TINY)
+
+# XLNet (Yang et al. 2019 §3.1; BERT-Base sizes): 32,000-piece SentencePiece vocabulary; pretraining segments of
+# 512 tokens with 384 of memory (the released pretraining scripts' seq_len / mem_len).
+preset(
+    "xlnet-base", F.XLNET, vocab_size=32000, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512,
+    mem_len=384, pad_id=5,
+)  # fmt: skip
+preset("xlnet-tiny", F.XLNET, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, mem_len=32)
 
 # --- encoder-decoders ----------------------------------------------------------------------------------------------
 # BART (Lewis et al. 2020 §2.1): base = 6 + 6 layers, large = 12 + 12; 50,265 BPE, 1024 positions.

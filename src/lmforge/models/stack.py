@@ -78,6 +78,8 @@ class Stack(nn.Module):
             )
         if cfg.position == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        if cfg.two_stream:  # XLNet §2.3: the query stream starts from one learned vector w
+            self.mask_emb = nn.Parameter(torch.randn(cfg.d_model) * cfg.init_std)
         self.dropout = nn.Dropout(cfg.dropout)
         # ALBERT cross-layer sharing: one block applied n_layers times.
         self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
@@ -154,8 +156,11 @@ class Stack(nn.Module):
         cache: KVCache | None = None,
         memory: Tensor | None = None,
         memory_padding: Tensor | None = None,
+        hidden_states: list[Tensor] | None = None,
     ) -> Tensor:
-        """x: token embeddings (B, T, E); positions: (T,) or (B, T); key_padding: (B, T_past + T), 1 = real token."""
+        """x: token embeddings (B, T, E); positions: (T,) or (B, T); key_padding: (B, T_past + T), 1 = real token.
+
+        hidden_states: a list to append the input of every block and the final output to (n_layers + 1)."""
         h = self.embed(x, positions, token_type_ids)
         inp = self._self_inputs(h, positions, key_padding, prefix_len, cache)
         mem_inp = None
@@ -167,6 +172,11 @@ class Stack(nn.Module):
                 mem_mask = mem_mask.masked_fill(~memory_padding.bool(), torch.finfo(dtype).min)[:, None, None, :]
             mem_inp = AttnInputs(mem_mask, False, cache=cache)
         for i in range(self.n_layers):
+            if hidden_states is not None:
+                hidden_states.append(h)
             block = self.blocks[0 if self.cfg.share_layers else i]
             h = block(h, inp, i, memory, mem_inp)
-        return self.final_norm(h) if self.cfg.final_norm else h
+        h = self.final_norm(h) if self.cfg.final_norm else h
+        if hidden_states is not None:
+            hidden_states.append(h)
+        return h

@@ -140,6 +140,7 @@ def canonical(cfg: ModelConfig) -> dict:
     for k in ("name", "dropout", "attn_dropout", "init_std", "pad_id", "decoder_start_id"):
         d.pop(k)
     d["n_kv_heads"], d["head_dim"] = cfg.kv_heads, cfg.dim_head
+    d["attn_bias"] = cfg.qkv_bias
     d["embedding_dim"] = None if cfg.embedding_dim in (None, cfg.d_model) else cfg.embedding_dim
     d["n_decoder_layers"] = cfg.decoder_layers if cfg.arch == "encoder-decoder" else None
     if cfg.position != "learned":
