@@ -36,6 +36,14 @@ class ModelOutput:
     token t + k + 1 at position t."""
 
 
+def _kinds(attn_kind: Tensor | None, prefix_len: Tensor | None) -> dict:
+    """Stack arguments of per-row attention kinds, passed only when given (stack wrappers such as prompt tuning's
+    take the plain arguments)."""
+    if attn_kind is None:
+        return {}
+    return {"attn_kind": attn_kind} if prefix_len is None else {"attn_kind": attn_kind, "prefix_len": prefix_len}
+
+
 class RTDHead(nn.Module):
     """ELECTRA §2 discriminator head: dense + activation, then one replaced-token logit per position."""
 
@@ -158,11 +166,19 @@ class Transformer(nn.Module):
         return torch.arange(offset, n, device=input_ids.device)
 
     def encode(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        attn_kind: Tensor | None = None,
+        prefix_len: Tensor | None = None,
     ) -> Tensor:
-        """Encoder hidden states (B, T, d_model)."""
+        """Encoder hidden states (B, T, d_model); attn_kind and prefix_len as in `forward`."""
         pos = self._positions(input_ids, None, None)
-        return self.encoder(self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask)
+        kinds = _kinds(attn_kind, prefix_len)
+        return self.encoder(
+            self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask, **kinds
+        )
 
     def forward(
         self,
@@ -179,6 +195,7 @@ class Transformer(nn.Module):
         use_cache: bool = False,
         return_logits: bool = True,
         mtp: bool = False,
+        attn_kind: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T)).
 
@@ -189,8 +206,15 @@ class Transformer(nn.Module):
         with a cache, run `encode` once and pass its output as encoder_hidden_states on every step; the
         cross-attention keys/values are computed on the first step and kept in the cache.
 
-        mtp: also run the multi-token prediction heads (decoders with model.mtp_heads > 0; training only)."""
+        mtp: also run the multi-token prediction heads (decoders with model.mtp_heads > 0; training only).
+
+        attn_kind (B,): a self-attention kind per row for one-stack models (models/masks.py: bidirectional,
+        left-to-right, right-to-left, seq2seq with prefix_len source tokens; UniLM), replacing the stack's mask."""
         cfg = self.config
+        if attn_kind is not None and cfg.arch == "encoder-decoder":
+            raise LMForgeError(
+                "attn_kind (a self-attention kind per row) applies to one-stack models, not encoder-decoders"
+            )
         if mtp and not cfg.mtp_heads:
             raise LMForgeError(f"model '{cfg.name}' has no multi-token prediction heads (model.mtp_heads is 0)")
         if isinstance(prefix_len, int):
@@ -199,7 +223,7 @@ class Transformer(nn.Module):
             cache = KVCache(cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers)
         enc = pooled = None
         if cfg.arch == "encoder":
-            h = self.encode(input_ids, attention_mask, token_type_ids)
+            h = self.encode(input_ids, attention_mask, token_type_ids, attn_kind, prefix_len)
         elif cfg.arch == "decoder":
             pos = self._positions(input_ids, cache, position_ids)
             h = self.decoder(
@@ -209,6 +233,7 @@ class Transformer(nn.Module):
                 key_padding=attention_mask,
                 prefix_len=prefix_len,
                 cache=cache,
+                **_kinds(attn_kind, None),
             )
         else:
             if decoder_input_ids is None:

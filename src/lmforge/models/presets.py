@@ -111,6 +111,13 @@ preset(
     position="rope", norm_position="pre", final_norm=True,
 )  # fmt: skip
 
+# UniLM (Dong et al. 2019 §2.4): BERT-large's shape (24 layers, 1024 wide, 16 heads; 340M), the cased 28,996-token
+# WordPiece vocabulary, 512 positions; base = the released unilm-base-cased's 12 x 768.
+_UNILM = dict(vocab_size=28996, max_seq_len=512)
+preset("unilm-base", F.UNILM, d_model=768, n_layers=12, n_heads=12, d_ff=3072, **_UNILM)
+preset("unilm-large", F.UNILM, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, **_UNILM)
+preset("unilm-tiny", F.UNILM, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+
 # ALBERT (Lan et al. 2020 Table 1): base = E 128, H 768, 12 shared layers, 30k SentencePiece vocab.
 preset(
     "albert-base", F.ALBERT, vocab_size=30000, embedding_dim=128, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
