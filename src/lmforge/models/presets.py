@@ -51,12 +51,12 @@ for _row in GPT3_SIZES:
     preset(_row.preset, F.GPT2, **preset_sizes(_row))
 # Test and CPU sizes: the band is shorter than the context, so the banded layers are sparse.
 preset(
-    "gpt3-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=512,
+    "gpt3-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=256,
     attn_pattern="banded", attn_band=32, attn_sparse_every=2,
 )  # fmt: skip
 preset(
     "gpt3-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=512,
-    attn_pattern="banded", attn_band=128, attn_sparse_every=2,
+    attn_pattern="banded", attn_band=64, attn_sparse_every=2,
 )  # fmt: skip
 # Sparse Transformer (Child et al. 2019 §4.2) factorised patterns at test size: every layer sparse.
 _SPARSE_TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, attn_sparse_every=1)

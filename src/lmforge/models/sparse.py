@@ -3,16 +3,28 @@
 
 A pattern is a boolean mask over (query, key) sequence indices, intersected with whatever the stack already masks
 (causality, padding, position biases). A banded layer with nothing else to mask runs as a banded computation
-instead: queries in blocks of `attn_band`, each block attending to its own keys and the previous block's, so the
-work grows as T · 2·band rather than T²; a decoding step attends to the last `attn_band` cached keys only."""
+instead (FlexAttention with a sliding-window block mask on CUDA, else query blocks of `attn_band` attending to their
+own and the previous block's keys), so the work grows as T · band rather than T²; a decoding step attends to the
+last `attn_band` cached keys only."""
 
 from __future__ import annotations
+
+import functools
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
+
+try:  # FlexAttention (torch >= 2.5): banded layers skip the key blocks outside the band
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - older torch
+    create_block_mask = flex_attention = None
+
+BandedImpl = Literal["auto", "flex", "blocks"]
 
 
 def is_sparse_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -108,17 +120,32 @@ class SparseAttention:
         return out, False, 0
 
 
-def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: int, scale: float, dropout_p: float = 0.0) -> Tensor:
-    """Causal attention of each query to itself and the band - 1 keys before it, computed in blocks.
+def banded_attention(
+    q: Tensor, k: Tensor, v: Tensor, band: int, scale: float, dropout_p: float = 0.0, impl: BandedImpl = "auto"
+) -> Tensor:
+    """Causal attention of each query to itself and the band - 1 keys before it, without a (T, T) matrix.
 
-    q (B, H, Tq, hd); k, v (B, H, Tk, hd), the queries being the last Tq key positions. Tq == Tk: the sequence is cut
-    into blocks of `band` queries; block b attends to the keys of blocks b - 1 and b through one (band, 2·band)
-    mask shared by every block, so no (T, T) matrix is formed. Tq == 1 (a decoding step): the last `band` keys."""
-    B, H, Tq, D = q.shape
+    q (B, H, Tq, hd); k, v (B, H, Tk, hd), the queries being the last Tq key positions. Tq == 1 (a decoding step):
+    attention over the last `band` keys. Tq == Tk: impl "flex" runs FlexAttention with a sliding-window block mask
+    (compiled; it skips the key blocks outside the band); "blocks" cuts the sequence into blocks of `band` queries
+    attending to their own and the previous block's keys through one (band, 2·band) mask; "auto" takes flex for
+    CUDA training steps without dropout, else blocks. H200, bf16, 12 heads of 64, forward + backward, band 256:
+    T = 2048 takes 0.65 ms with flex, 1.11 ms in blocks, 0.66 ms for dense causal attention and 1.49 ms for the band
+    as a dense mask; T = 32768 takes 1.18, 2.10, 13.1 and 43 ms (docs/sparse-attention.md)."""
+    Tq = q.shape[2]
     if Tq == 1:
         return F.scaled_dot_product_attention(q, k[:, :, -band:], v[:, :, -band:], dropout_p=dropout_p, scale=scale)
     if Tq != k.shape[2]:
         raise ValueError("banded_attention needs as many queries as keys, or a single query")
+    # auto: flex for training steps; inference (prompts of any length) keeps blocks, which never recompile.
+    use_flex = q.is_cuda and dropout_p == 0.0 and torch.is_grad_enabled() and flex_attention is not None
+    if impl == "flex" or (impl == "auto" and use_flex):
+        return _flex_banded(q, k, v, band, scale)
+    return _blocks_banded(q, k, v, band, scale, dropout_p)
+
+
+def _blocks_banded(q: Tensor, k: Tensor, v: Tensor, band: int, scale: float, dropout_p: float) -> Tensor:
+    B, H, Tq, D = q.shape
     w = band
     nb = -(-Tq // w)
     pad = nb * w - Tq  # padded keys sit after every real query: the causal band never reaches them
@@ -132,6 +159,34 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: int, scale: float, d
     mask = _block_mask(nb, w, q.dtype, q.device)  # (1, nb, w, 2w)
     y = F.scaled_dot_product_attention(qb, kk, vv, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     return y.reshape(B, H, nb * w, D)[:, :, :Tq]
+
+
+@functools.cache
+def _compiled_flex():
+    """FlexAttention compiled once for eager callers (its uncompiled form materialises the scores)."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _band_mod(band: int):
+    def mask_mod(b, h, i, j):
+        return (i >= j) & (i - j < band)
+
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_band_block_mask(T: int, band: int, device: str):
+    return create_block_mask(_band_mod(band), None, None, T, T, device=device)
+
+
+def _flex_banded(q: Tensor, k: Tensor, v: Tensor, band: int, scale: float) -> Tensor:
+    T = q.shape[2]
+    if flex_attention is None:
+        raise LMForgeError("banded attention with impl='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+    if torch.compiler.is_compiling():  # traced into the caller's graph: no cache lookups, no nested compile
+        block_mask = create_block_mask(_band_mod(band), None, None, T, T, device=q.device)
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    return _compiled_flex()(q, k, v, block_mask=_cached_band_block_mask(T, band, str(q.device)), scale=scale)
 
 
 def _block_mask(nb: int, w: int, dtype: torch.dtype, device: torch.device) -> Tensor:
