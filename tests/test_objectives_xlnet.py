@@ -92,5 +92,5 @@ def test_bad_setups_give_one_clear_error():
 def test_recipe_trains_through_the_cli(tmp_path):
     train_recipe(
         tmp_path, "xlnet", "--model.preset=xlnet-tiny", "--train.seq_len=64", "--model.mem_len=32", "--train.lr=3e-3",
-        "--train.weight_decay=0.0", steps=40,
+        "--train.weight_decay=0.0", steps=60,
     )  # fmt: skip

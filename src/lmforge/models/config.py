@@ -10,6 +10,7 @@ Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
 Position = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "shaw", "xl", "none"]
 MaskKind = Literal["causal", "bidirectional", "prefix"]
+AttnPattern = Literal["dense", "banded", "strided", "fixed"]
 
 
 @dataclass
@@ -50,6 +51,9 @@ class ModelConfig:
     """T5 relative-attention buckets."""
     rel_max_distance: int = 128
     """T5 bucket max distance, and Shaw et al.'s clipping distance for position='shaw'."""
+    shaw_values: bool = True
+    """position='shaw': also add relative vectors to the values (Shaw et al. 2018 eq. 3, a^V_ij, clipped like the
+    key ones). Configs saved before this field existed read as false (key-only: what they were trained with)."""
     bias: bool = True
     """Biases in attention and MLP projections (False for T5 and Llama)."""
     attn_bias: bool | None = None
@@ -70,6 +74,24 @@ class ModelConfig:
     """LM head shares the token embedding matrix."""
     mask: MaskKind = "causal"
     """Self-attention mask of a decoder-only stack: causal, or prefix-LM (fully visible prefix, causal rest)."""
+    attn_pattern: AttnPattern = "dense"
+    """Self-attention of the sparse layers of a causal decoder (models/sparse.py): dense = no sparse layers;
+    banded = GPT-3 §2.1's locally banded layers (a query sees itself and the attn_band - 1 tokens before it);
+    strided / fixed = Child et al. 2019 §4.2's factorised patterns (stride attn_stride, summary width
+    attn_fixed_c)."""
+    attn_band: int = 256
+    """Keys a query of a banded layer sees, itself included (GPT-3 does not publish its band; GPT-Neo uses 256)."""
+    attn_stride: int = 128
+    """Child et al.'s stride l of the strided and fixed patterns (128 for their text models)."""
+    attn_fixed_c: int = 32
+    """Child et al.'s c of the fixed pattern: the last c positions of each stride-l block summarise it (32)."""
+    attn_sparse_every: int = 2
+    """Layer i is sparse when i % attn_sparse_every == attn_sparse_every - 1: 2 alternates dense and sparse layers
+    from a dense first layer (GPT-3 §2.1), 1 makes every layer sparse (Child et al.)."""
+    attn_factorize: Literal["union", "interleaved", "heads"] = "union"
+    """How a strided / fixed layer uses Child et al.'s two index sets A(1), A(2) (§4.3): union = every head attends
+    to A(1) ∪ A(2) (merged head); interleaved = the k-th sparse layer uses A(1 + k mod 2); heads = the first
+    half of the heads attend to A(1), the rest to A(2)."""
     type_vocab_size: int = 0
     """Segment (token type) embeddings, BERT's sentence A/B (0 = none)."""
     embedding_dim: int | None = None
@@ -170,6 +192,7 @@ class ModelConfig:
             raise LMForgeError(f"model.position_offset must be >= 0, got {self.position_offset}")
         self._validate_mtp()
         self._validate_xl()
+        self._validate_sparse()
 
     def _validate_xl(self) -> None:
         from lmforge.errors import LMForgeError
@@ -189,6 +212,25 @@ class ModelConfig:
         if self.mtp_heads:
             raise LMForgeError("model.position='xl' does not combine with model.mtp_heads")
 
+    def _validate_sparse(self) -> None:
+        from lmforge.errors import LMForgeError
+
+        for name in ("attn_band", "attn_stride", "attn_fixed_c", "attn_sparse_every"):
+            if getattr(self, name) <= 0:
+                raise LMForgeError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.attn_pattern == "dense":
+            return
+        if self.arch != "decoder" or self.mask != "causal":
+            raise LMForgeError(
+                f"model.attn_pattern='{self.attn_pattern}' needs a causal decoder (arch 'decoder', mask 'causal')"
+            )
+        if self.attn_pattern == "fixed" and self.attn_fixed_c > self.attn_stride:
+            raise LMForgeError(
+                f"model.attn_fixed_c={self.attn_fixed_c} must be at most model.attn_stride={self.attn_stride}"
+            )
+        if self.attn_factorize == "heads" and self.attn_pattern != "banded" and self.n_heads < 2:
+            raise LMForgeError("model.attn_factorize='heads' splits the heads between two patterns: n_heads >= 2")
+
     def _validate_mtp(self) -> None:
         from lmforge.errors import LMForgeError
 
@@ -198,3 +240,11 @@ class ModelConfig:
             raise LMForgeError("model.mtp_heads needs a causal decoder with an LM head (arch 'decoder', mask 'causal')")
         if self.mtp_heads and (self.embedding_dim or self.d_model) != self.d_model:
             raise LMForgeError("model.mtp_heads needs model.embedding_dim equal to model.d_model (or null)")
+
+
+def upgrade_saved_model(section: dict) -> dict:
+    """A model section read from a saved run, with fields added after it was written set to what the saved model
+    computes where their defaults would not: a Shaw model saved before `shaw_values` existed has no value term."""
+    if section.get("position") == "shaw" and "shaw_values" not in section:
+        return {**section, "shaw_values": False}
+    return section

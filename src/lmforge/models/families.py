@@ -91,6 +91,10 @@ ROBERTA = {
     "pad_id": 1,
 }  # fmt: skip
 
+# UniLM (Dong et al. 2019 §2): BERT's layers and heads; six segment types, which double as the identifier of the
+# LM objective an input is trained with (bidirectional A/B, left-to-right, right-to-left, seq2seq source/target).
+UNILM = {**BERT, "type_vocab_size": 6}
+
 # ALBERT (Lan et al. 2020 §3.1): factorised embeddings E -> H and one set of layer weights shared by all layers;
 # tanh-GELU; the MLM head maps back to E; the sentence classifier is ALBERT's sentence-order head (§4.1).
 ALBERT = {**BERT, "activation": "gelu_tanh", "share_layers": True, "dropout": 0.0, "attn_dropout": 0.0}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from lmforge.models.config import ModelConfig
 from lmforge.models.positions import RotaryEmbedding, ShawRelativePosition
 from lmforge.models.relative import XLRelative
+from lmforge.models.sparse import SparseAttention, banded_attention
 
 
 class RMSNorm(nn.Module):
@@ -108,6 +109,8 @@ class AttnInputs:
     """Sequence indices of the queries (Tq,) and of all keys (Tk,), for Shaw relative positions."""
     key_index: Tensor | None = None
     cache: KVCache | None = None
+    derived: dict = field(default_factory=dict)
+    """Tensors derived from these inputs, built by the first layer that needs them (sparse-layer masks)."""
 
 
 class Attention(nn.Module):
@@ -129,9 +132,10 @@ class Attention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.hd) if cfg.scale_attention else 1.0
         self.attn_dropout = cfg.attn_dropout
         self.rope = RotaryEmbedding(self.hd, base=cfg.rope_base) if cfg.position == "rope" and not cross else None
-        self.shaw = (
-            ShawRelativePosition(self.hd, cfg.rel_max_distance) if cfg.position == "shaw" and not cross else None
-        )
+        self.shaw = None
+        if cfg.position == "shaw" and not cross:
+            self.shaw = ShawRelativePosition(self.hd, cfg.rel_max_distance, values=cfg.shaw_values)
+        self.sparse = SparseAttention(cfg) if cfg.attn_pattern != "dense" and not cross else None
         # Transformer-XL / XLNet relative attention (models/relative.py), run by models/recurrence.py.
         if cfg.position == "xl" and not cross:
             self.rel = XLRelative(cfg.d_model, self.n_heads, self.hd, cfg.rel_segments, cfg.init_std)
@@ -163,26 +167,29 @@ class Attention(nn.Module):
                 q, k = self.rope(q, k, inp.positions)
             if inp.cache is not None:
                 k, v = inp.cache.append(layer, k, v)
-        mask = inp.mask
+        mask, is_causal = inp.mask, inp.is_causal and not self.cross
         if self.shaw is not None:
             rel = self.shaw(q, inp.query_index, inp.key_index)  # (B, H, Tq, Tk), scaled by 1/sqrt(hd)
             if self.scale == 1.0:  # unscaled attention (T5-style): undo the shaw module's 1/sqrt(hd)
                 rel = rel * math.sqrt(self.hd)
             mask = rel if mask is None else mask + rel
+        band = 0
+        if self.sparse is not None and self.sparse.applies(layer):  # GPT-3 / Sparse Transformer layers
+            banded_ok = self.kv_prefix is None
+            mask, is_causal, band = self.sparse.prepare(inp, mask, is_causal, layer, q.dtype, banded_ok)
         if self.kv_prefix is not None:  # after the cache: cached keys stay the sequence's own
-            k, v, mask = self.kv_prefix(k, v, mask, inp.is_causal and mask is None, layer)
+            k, v, mask = self.kv_prefix(k, v, mask, is_causal and mask is None, layer)
         if self.n_kv != self.n_heads:  # grouped-query: each kv head serves n_heads // n_kv query heads
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            is_causal=inp.is_causal and mask is None and not self.cross,
-            scale=self.scale,
-        )  # (B, H, T, hd)
+        dropout = self.attn_dropout if self.training else 0.0
+        if band:
+            y = banded_attention(q, k, v, band, self.scale, dropout)
+        elif self.shaw is not None and self.shaw.value_embeddings is not None:  # Shaw eq. 3: explicit probabilities
+            y = self.shaw.attend(q, k, v, mask, self.scale, dropout, inp.query_index, inp.key_index)
+        else:
+            is_causal = is_causal and mask is None
+            y = F.scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, scale=self.scale)  # (B, H, T, hd)
         return self.o(y.transpose(1, 2).reshape(B, T, q_dim))
 
 

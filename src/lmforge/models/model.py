@@ -48,6 +48,19 @@ class ModelOutput:
     """(B, P, vocab_size) LM-head logits of the query stream, when logits were requested."""
 
 
+def _kinds(attn_kind: Tensor | None, prefix_len: Tensor | None) -> dict:
+    """Stack arguments of per-row attention kinds, passed only when given (stack wrappers such as prompt tuning's
+    take the plain arguments)."""
+    if attn_kind is None:
+        return {}
+    return {"attn_kind": attn_kind} if prefix_len is None else {"attn_kind": attn_kind, "prefix_len": prefix_len}
+
+
+def _collect(hidden_states: list[Tensor] | None) -> dict:
+    """The stack argument that collects every layer's hidden states, passed only when asked for."""
+    return {} if hidden_states is None else {"hidden_states": hidden_states}
+
+
 class RTDHead(nn.Module):
     """ELECTRA §2 discriminator head: dense + activation, then one replaced-token logit per position."""
 
@@ -174,9 +187,12 @@ class Transformer(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
+        attn_kind: Tensor | None = None,
+        prefix_len: Tensor | None = None,
         hidden_states: list[Tensor] | None = None,
     ) -> Tensor:
-        """Encoder hidden states (B, T, d_model); `hidden_states` collects every layer's (see ModelOutput)."""
+        """Encoder hidden states (B, T, d_model); attn_kind and prefix_len as in `forward`; `hidden_states` collects
+        every layer's (see ModelOutput)."""
         if self.config.position == "xl":
             out = xl_forward(
                 self.encoder, self.tok_emb(input_ids), causal=False, key_padding=attention_mask,
@@ -188,7 +204,7 @@ class Transformer(nn.Module):
         pos = self._positions(input_ids, None, None)
         return self.encoder(
             self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask,
-            hidden_states=hidden_states,
+            **_kinds(attn_kind, prefix_len), **_collect(hidden_states),
         )  # fmt: skip
 
     def _xl_args(self, **xl) -> dict:
@@ -252,6 +268,7 @@ class Transformer(nn.Module):
         mem_len: int | None = None,
         perm_mask: Tensor | None = None,
         query_positions: Tensor | None = None,
+        attn_kind: Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T)).
 
@@ -269,8 +286,15 @@ class Transformer(nn.Module):
         Transformer-XL / XLNet stacks (model.position='xl'): `mems` is the previous segments' memory (one
         (B, M, d_model) tensor per layer, ModelOutput.mems of the last call); use_mems returns the next one, of
         length mem_len (None = model.mem_len). perm_mask (B, T, T), 1 where position i may not see position j, is
-        XLNet's factorisation-order mask; query_positions (B, P) runs the query stream at those positions."""
+        XLNet's factorisation-order mask; query_positions (B, P) runs the query stream at those positions.
+
+        attn_kind (B,): a self-attention kind per row for one-stack models (models/masks.py: bidirectional,
+        left-to-right, right-to-left, seq2seq with prefix_len source tokens; UniLM), replacing the stack's mask."""
         cfg = self.config
+        if attn_kind is not None and cfg.arch == "encoder-decoder":
+            raise LMForgeError(
+                "attn_kind (a self-attention kind per row) applies to one-stack models, not encoder-decoders"
+            )
         xl = self._xl_args(
             mems=mems, use_mems=use_mems, mem_len=mem_len, perm_mask=perm_mask, query_positions=query_positions
         )
@@ -288,7 +312,7 @@ class Transformer(nn.Module):
         hidden = [] if output_hidden_states else None
         enc_hidden = [] if output_hidden_states and cfg.arch == "encoder-decoder" else None
         if cfg.arch == "encoder":
-            h = self.encode(input_ids, attention_mask, token_type_ids, hidden_states=hidden)
+            h = self.encode(input_ids, attention_mask, token_type_ids, attn_kind, prefix_len, hidden_states=hidden)
         elif cfg.arch == "decoder":
             pos = self._positions(input_ids, cache, position_ids)
             h = self.decoder(
@@ -298,7 +322,8 @@ class Transformer(nn.Module):
                 key_padding=attention_mask,
                 prefix_len=prefix_len,
                 cache=cache,
-                hidden_states=hidden,
+                **_kinds(attn_kind, None),
+                **_collect(hidden),
             )
         else:
             if decoder_input_ids is None:
@@ -316,7 +341,7 @@ class Transformer(nn.Module):
                 cache=cache,
                 memory=enc,
                 memory_padding=attention_mask,
-                hidden_states=hidden,
+                **_collect(hidden),
             )
         if cfg.pooler:
             pooled = torch.tanh(self.pooler(h[:, 0]))

@@ -1,4 +1,4 @@
-"""Position encodings: sinusoidal, learned, RoPE, ALiBi, T5 relative buckets and Shaw relative keys.
+"""Position encodings: sinusoidal, learned, RoPE, ALiBi, T5 relative buckets and Shaw relative keys and values.
 
 Pure, vectorised building blocks for the transformer stack. Conventions follow Hugging Face `transformers`
 exactly so that weights convert one-to-one and whole models match logit for logit:
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
@@ -268,20 +269,26 @@ class T5RelativeBias(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Shaw et al. 2018 relative position representations (key side, §3.2 eq. 5)
+# Shaw et al. 2018 relative position representations (§3: keys, eq. 4; values, eq. 3)
 # ----------------------------------------------------------------------------------------------------
 
 
 class ShawRelativePosition(nn.Module):
-    """Learned relative key vectors a_{clip(j-i, ±max_relative_position)}, one table shared by all heads."""
+    """Learned relative vectors a_{clip(j-i, ±max_relative_position)}, one table per use shared by all heads (§3.3):
+    a^K for the keys and, with `values`, a^V for the values."""
 
-    def __init__(self, head_dim: int, max_relative_position: int) -> None:
+    def __init__(self, head_dim: int, max_relative_position: int, values: bool = False) -> None:
         super().__init__()
         if max_relative_position < 0:
             raise LMForgeError(f"max_relative_position must be >= 0, got {max_relative_position}")
         self.head_dim, self.max_relative_position = head_dim, max_relative_position
         # Row r holds the vector for clipped offset r - max_relative_position.
         self.embeddings = nn.Embedding(2 * max_relative_position + 1, head_dim)
+        self.value_embeddings = nn.Embedding(2 * max_relative_position + 1, head_dim) if values else None
+
+    def _rows(self, q_positions: Tensor, k_positions: Tensor, device: torch.device) -> Tensor:
+        m = self.max_relative_position
+        return (torch.clamp(k_positions[None, :] - q_positions[:, None], -m, m) + m).to(device)  # (Tq, Tk)
 
     def forward(self, q: Tensor, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """q (B, H, Tq, hd) -> (B, H, Tq, Tk) of q_i · a_{clip(j-i)} / sqrt(hd).
@@ -289,10 +296,33 @@ class ShawRelativePosition(nn.Module):
         The 1/sqrt(hd) scale matches SDPA's logit scale, so the result is the additive float `attn_mask`
         that turns SDPA's softmax(q·k/sqrt(hd)) into Shaw's softmax(q·(k + a)/sqrt(hd)).
         """
-        m = self.max_relative_position
-        rel = torch.clamp(k_positions[None, :] - q_positions[:, None], -m, m) + m  # (Tq, Tk) table rows
+        rel = self._rows(q_positions, k_positions, q.device)
         # Project onto the 2m+1 table vectors first, then gather: O(Tq * (2m+1) * hd) work and no
         # (Tq, Tk, hd) intermediate.
         scores = torch.matmul(q, self.embeddings.weight.to(q.dtype).t())  # (B, H, Tq, 2m+1)
-        index = rel.to(q.device).expand(*q.shape[:2], -1, -1)  # (B, H, Tq, Tk)
+        index = rel.expand(*q.shape[:2], -1, -1)  # (B, H, Tq, Tk)
         return torch.gather(scores, -1, index) * (1.0 / math.sqrt(self.head_dim))
+
+    def value_term(self, probs: Tensor, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """Eq. 3's second term Σ_j α_ij a^V_{clip(j-i)} for attention probabilities α (B, H, Tq, Tk) -> (B, H, Tq, hd).
+
+        The probabilities are summed per clipped offset first (a scatter-add into 2m+1 bins), then multiplied by
+        the table: no (Tq, Tk, hd) intermediate."""
+        rel = self._rows(q_positions, k_positions, probs.device).expand_as(probs)
+        bins = probs.new_zeros(*probs.shape[:-1], 2 * self.max_relative_position + 1).scatter_add_(-1, rel, probs)
+        return torch.matmul(bins, self.value_embeddings.weight.to(probs.dtype))
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float,
+        q_positions: Tensor, k_positions: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """Eq. 3 attention: softmax(q·k·scale + mask) (v + a^V) with the probabilities made explicit (SDPA does not
+        return them). `mask` holds the key term and any masking; keys before the sequence's own (prefix tuning's)
+        have no relative position and get no value vector."""
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # (B, H, Tq, Tk')
+        if mask is not None:
+            scores = scores + mask.float()
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+        n = len(k_positions)
+        return torch.matmul(probs, v) + self.value_term(probs[..., -n:], q_positions, k_positions)

@@ -13,6 +13,7 @@ from dataclasses import fields, replace
 
 from lmforge.models import families as F
 from lmforge.models.config import ModelConfig
+from lmforge.models.gpt3 import GPT3_SIZES, preset_sizes
 from lmforge.registry import MODELS
 
 PRESET_FIELDS: dict[str, frozenset[str]] = {}
@@ -44,6 +45,30 @@ preset("gpt-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_
 preset("gpt-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=256)
 # Single-GPU study size (~30M parameters with a 16k vocabulary), paired with `roberta-small`.
 preset("gpt-small", F.GPT2, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512)
+
+# GPT-3 (Brown et al. 2020 Table 2.1, models/gpt3.py): GPT-2 layers, 2048 context, dense and banded layers alternate.
+for _row in GPT3_SIZES:
+    preset(_row.preset, F.GPT2, **preset_sizes(_row))
+# Test and CPU sizes: the band is shorter than the context, so the banded layers are sparse.
+preset(
+    "gpt3-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=256,
+    attn_pattern="banded", attn_band=32, attn_sparse_every=2,
+)  # fmt: skip
+preset(
+    "gpt3-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=512,
+    attn_pattern="banded", attn_band=64, attn_sparse_every=2,
+)  # fmt: skip
+# Sparse Transformer (Child et al. 2019 §4.2) factorised patterns at test size: every layer sparse.
+_SPARSE_TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128, attn_sparse_every=1)
+preset("sparse-strided-tiny", F.GPT2, attn_pattern="strided", attn_stride=8, attn_factorize="heads", **_SPARSE_TINY)
+preset(
+    "sparse-fixed-tiny", F.GPT2, attn_pattern="fixed", attn_stride=16, attn_fixed_c=4, attn_factorize="union",
+    **_SPARSE_TINY,
+)  # fmt: skip
+preset(
+    "sparse-fixed-interleaved-tiny", F.GPT2, attn_pattern="fixed", attn_stride=16, attn_fixed_c=4,
+    attn_factorize="interleaved", **_SPARSE_TINY,
+)  # fmt: skip
 
 # Llama-style sizes of the GaLore paper (Zhao et al. 2024, Table 2 / its configs): 32k vocab, 1024 context.
 _LLAMA = dict(vocab_size=32000, max_seq_len=1024, rope_base=10000.0, init_std=0.02)
@@ -97,6 +122,13 @@ preset(
     "roberta-small-rope", F.ROBERTA, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512,
     position="rope", norm_position="pre", final_norm=True,
 )  # fmt: skip
+
+# UniLM (Dong et al. 2019 §2.4): BERT-large's shape (24 layers, 1024 wide, 16 heads; 340M), the cased 28,996-token
+# WordPiece vocabulary, 512 positions; base = the released unilm-base-cased's 12 x 768.
+_UNILM = dict(vocab_size=28996, max_seq_len=512)
+preset("unilm-base", F.UNILM, d_model=768, n_layers=12, n_heads=12, d_ff=3072, **_UNILM)
+preset("unilm-large", F.UNILM, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, **_UNILM)
+preset("unilm-tiny", F.UNILM, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 
 # ALBERT (Lan et al. 2020 Table 1): base = E 128, H 768, 12 shared layers, 30k SentencePiece vocab.
 preset(
@@ -169,6 +201,17 @@ preset(
     "transformer-base", _VASWANI, vocab_size=37000, d_model=512, n_heads=8, d_ff=2048, max_seq_len=512, **_enc_dec(6)
 )
 preset("transformer-tiny", _VASWANI, vocab_size=512, d_model=64, n_heads=4, d_ff=256, max_seq_len=128, **_enc_dec(2))
+# Shaw et al. 2018: the base Transformer with relative position representations in place of the sinusoids, on the
+# keys (eq. 4) and the values (eq. 3), one table per layer shared by the heads; clipping distance k = 20 as the
+# authors' tensor2tensor `transformer_relative` (the paper finds no gain beyond k >= 2, Table 3).
+_SHAW = {**_VASWANI, "position": "shaw", "rel_max_distance": 20, "shaw_values": True}
+preset(
+    "transformer-base-shaw", _SHAW, vocab_size=37000, d_model=512, n_heads=8, d_ff=2048, max_seq_len=512, **_enc_dec(6)
+)
+preset(
+    "transformer-shaw-tiny", {**_SHAW, "rel_max_distance": 4}, vocab_size=512, d_model=64, n_heads=4, d_ff=256,
+    max_seq_len=128, **_enc_dec(2),
+)  # fmt: skip
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:

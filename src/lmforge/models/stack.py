@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.models.config import MaskKind, ModelConfig
 from lmforge.models.layers import AttnInputs, Block, KVCache, make_norm
+from lmforge.models.masks import kind_allowed
 from lmforge.models.positions import (
     LearnedPositions,
     T5RelativeBias,
@@ -111,6 +112,7 @@ class Stack(nn.Module):
         key_padding: Tensor | None,
         prefix_len: Tensor | None,
         cache: KVCache | None,
+        attn_kind: Tensor | None = None,
     ) -> AttnInputs:
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
@@ -123,12 +125,16 @@ class Stack(nn.Module):
         if self.cfg.position == "t5_bias":
             bias = self.rel_bias(T, k_len, q_offset=offset)  # (1, H, T, Tk)
         elif self.cfg.position == "alibi":
-            bias = alibi_bias(self.slopes, query_index, key_index, self.kind != "bidirectional")[None]
+            causal = self.kind != "bidirectional" and attn_kind is None  # row kinds mask the future themselves
+            bias = alibi_bias(self.slopes, query_index, key_index, causal)[None]
         plain = self.kind == "causal" and key_padding is None and bias is None and self.cfg.position != "shaw"
-        if plain and (offset == 0 or T == 1):
+        if plain and attn_kind is None and (offset == 0 or T == 1):
             # No explicit mask: SDPA's causal path (flash attention on GPU); one new token sees every key.
             return AttnInputs(None, offset == 0, positions, query_index, key_index, cache)
-        ok = allowed_keys(self.kind, T, k_len, offset, key_padding, prefix_len, x.device)
+        if attn_kind is not None:  # a mask kind per row (UniLM's mixture), in place of the stack's own
+            ok = kind_allowed(attn_kind, prefix_len, T, k_len, offset, key_padding, x.device)
+        else:
+            ok = allowed_keys(self.kind, T, k_len, offset, key_padding, prefix_len, x.device)
         mask = None
         dtype = attention_dtype(x)
         if ok is not None:
@@ -157,12 +163,14 @@ class Stack(nn.Module):
         memory: Tensor | None = None,
         memory_padding: Tensor | None = None,
         hidden_states: list[Tensor] | None = None,
+        attn_kind: Tensor | None = None,
     ) -> Tensor:
-        """x: token embeddings (B, T, E); positions: (T,) or (B, T); key_padding: (B, T_past + T), 1 = real token.
+        """x: token embeddings (B, T, E); positions: (T,) or (B, T); key_padding: (B, T_past + T), 1 = real token;
+        attn_kind (B,): a self-attention kind per row (models/masks.py), replacing the stack's own mask.
 
         hidden_states: a list to append the input of every block and the final output to (n_layers + 1)."""
         h = self.embed(x, positions, token_type_ids)
-        inp = self._self_inputs(h, positions, key_padding, prefix_len, cache)
+        inp = self._self_inputs(h, positions, key_padding, prefix_len, cache, attn_kind)
         mem_inp = None
         if memory is not None:
             mem_mask = None

@@ -11,6 +11,7 @@ from lmforge.objectives import (  # noqa: F401  (registers)
     spanbert,
     t5,
     transformer_xl,
+    unilm,
     xlnet,
 )
 from lmforge.objectives.base import LossOutput, Objective

@@ -226,6 +226,12 @@ class SentencePairLoader(ChunkLoader):
             )
 
     def examples(self, chunks: np.ndarray, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        return self.pairs(chunks, rng)
+
+    def pairs(
+        self, chunks: np.ndarray, rng: np.random.Generator, negatives: np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Pairs of the chunks; `negatives` (n,) bool: rows that may get a negative (default: all)."""
         ix, n = self.index, len(chunks)
         first, stop = ix.chunk_first[chunks], ix.chunk_stop[chunks]
         c_start, c_end = ix.unit_start[first], ix.unit_end[stop - 1]
@@ -237,6 +243,8 @@ class SentencePairLoader(ChunkLoader):
         a_start, a_len = c_start, split - c_start
         b_start, b_len = split, c_end - split
         label = (u[1] < 0.5).astype(np.int64)
+        if negatives is not None:
+            label = label * negatives
         if self.order:  # SOP: swapped segments are the negatives
             swap = label.astype(bool)
             a_start, b_start = np.where(swap, b_start, a_start), np.where(swap, a_start, b_start)

@@ -23,7 +23,7 @@ from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import lm_head_loss
 from lmforge.objectives.recurrent import RecurrentObjective, RecurrentOptions
-from lmforge.objectives.rng import with_fixed_noise
+from lmforge.objectives.rng import rng, with_fixed_noise
 from lmforge.registry import OBJECTIVES
 
 
@@ -44,7 +44,8 @@ class XLNetOptions(RecurrentOptions):
 
 def sample_order(batch: int, seq_len: int) -> Tensor:
     """rank (B, T): the step at which each position comes in a uniformly random factorisation order."""
-    order = torch.rand(batch, seq_len).argsort(dim=-1)  # order[b, t] = z_t, the position predicted at step t
+    # order[b, t] = z_t, the position predicted at step t
+    order = torch.rand(batch, seq_len, generator=rng()).argsort(dim=-1)
     return order.argsort(dim=-1)
 
 
@@ -85,7 +86,7 @@ class XLNet(RecurrentObjective):
         batch = {"input_ids": ids, "rank": rank, "target_positions": targets, "labels": ids.gather(1, targets)}
         # Without segments every token is in segment 0: the segment term is then constant over keys (no effect),
         # but its parameters stay in the graph, as distributed data parallel requires.
-        cut = torch.randint(1, T, (B, 1)) if self.options.segments and T > 1 else torch.full((B, 1), T)
+        cut = torch.randint(1, T, (B, 1), generator=rng()) if self.options.segments and T > 1 else torch.full((B, 1), T)
         batch["token_type_ids"] = (torch.arange(T)[None, :] >= cut).long()
         return batch
 

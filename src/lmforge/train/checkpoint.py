@@ -34,6 +34,7 @@ from torch import nn
 
 from lmforge.errors import LMForgeError
 from lmforge.files import fsync_dir, hash_file, load_torch_file, os_reason
+from lmforge.models.config import upgrade_saved_model
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
@@ -477,6 +478,9 @@ def read_config(ckpt: Path) -> dict:
         raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0]}") from e
     if not isinstance(config, dict):
         raise LMForgeError(f"{path} does not hold a mapping")
+    for section in ("model", "backbone"):  # fine-tuned runs keep their pretrained model under backbone
+        if isinstance(config.get(section), dict):
+            config[section] = upgrade_saved_model(config[section])
     return config
 
 

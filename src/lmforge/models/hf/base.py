@@ -151,6 +151,11 @@ def canonical(cfg: ModelConfig) -> dict:
         d.pop("rel_buckets")
         if cfg.position != "shaw":
             d.pop("rel_max_distance")
+    if cfg.position != "shaw":
+        d.pop("shaw_values")
+    if cfg.attn_pattern == "dense":
+        for k in ("attn_band", "attn_stride", "attn_fixed_c", "attn_sparse_every", "attn_factorize"):
+            d.pop(k)
     if cfg.arch != "decoder":
         d.pop("mask")
     if cfg.arch != "encoder-decoder":
