@@ -231,7 +231,8 @@ def built_size(name: str, cache_dir: Path | None = None) -> str | None:
     if not (out / "fetch.json").is_file():
         return None
     info = json.loads((out / "fetch.json").read_text(encoding="utf-8"))
-    words = f", {info['n_words'] / 1e6:.1f}M words" if "n_words" in info else ""
+    n = info.get("n_words")
+    words = "" if n is None else f", {n / 1e6:.1f}M words" if n >= 100_000 else f", {n / 1e3:.0f}k words"
     return f"{info['n_docs']:,} docs, {info['n_bytes'] / 1e6:.1f} MB{words}"
 
 
