@@ -74,8 +74,8 @@ class FtDataConfig:
     """Table and dir sources: the label set, in class order. A label outside it stops the run with an error naming
     the file, line and value. Without it the labels are the sorted distinct labels found."""
     min_label_count: int = 2
-    """Without `labels`: warn about a label seen fewer times than this, or in only one labelled split (a typo
-    silently becomes a new class otherwise)."""
+    """Table sources without `labels`: warn about a label seen fewer times than this, or in only one labelled split
+    (a typo silently becomes a new class otherwise); 0 turns the warnings off."""
     max_train: int | None = None
     """Use only the first N training examples (None = all)."""
     max_eval: int | None = None

@@ -11,8 +11,9 @@ Sources (`data.source`):
 A run without a dev split holds out the last 10% of train (deterministic) as dev.
 
 Labels of table and dir data: `data.labels` declares the label set (a label outside it is an error naming the
-file, line and value); without it, a label seen fewer than `data.min_label_count` times or in only one labelled
-split gets a warning, since a typo would otherwise become a class of its own."""
+file, line and value). Without it, a table label seen fewer than `data.min_label_count` times or in only one
+labelled split gets a warning, since a typo would otherwise become a class of its own (a dir's meta.json states
+its label set already)."""
 
 from __future__ import annotations
 
@@ -128,8 +129,8 @@ def load_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
     splits = SOURCES[cfg.source](cfg)
     if "train" not in splits or not splits["train"].examples:
         raise LMForgeError(f"data ({cfg.source} {cfg.name}): no training examples")
-    if cfg.source in ("table", "dir"):
-        splits = check_labels(splits, cfg.labels, cfg.min_label_count)
+    if cfg.source in ("table", "dir"):  # a dir's meta.json states its label set, so only tables get warnings
+        splits = check_labels(splits, cfg.labels, cfg.min_label_count if cfg.source == "table" else 0)
     if "dev" not in splits:
         train = splits["train"]
         cut = len(train.examples) - max(1, len(train.examples) // 10)
@@ -156,7 +157,7 @@ def _class_labels(ds: Dataset) -> list[tuple[int, Example]]:
 def check_labels(splits: dict[str, Dataset], declared: list[str] | None, min_count: int) -> dict[str, Dataset]:
     """With a declared label set: every class label must be in it (else one error line naming file, line and
     value), and each split carries the declared set in its order. Without one: warn about labels seen fewer than
-    `min_count` times, or in only one of several labelled splits."""
+    `min_count` times, or in only one of several labelled splits (`min_count` 0: no warnings)."""
     if declared is not None:
         for ds in splits.values():
             for i, ex in _class_labels(ds):
@@ -164,6 +165,8 @@ def check_labels(splits: dict[str, Dataset], declared: list[str] | None, min_cou
                     allowed = ", ".join(declared)
                     raise LMForgeError(f"{_where(ds, ex, i)}: label {ex.label!r} is not in data.labels ({allowed})")
         return {k: Dataset(ds.examples, list(declared), ds.source, ds.task_type) for k, ds in splits.items()}
+    if min_count <= 0:
+        return splits
     seen: dict[str, dict[str, list[str]]] = {}  # label → split → places
     for split, ds in splits.items():
         for i, ex in _class_labels(ds):
