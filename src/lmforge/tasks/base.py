@@ -151,6 +151,11 @@ class Task:
         preds = self.predict_all(model, dataset, batch_size)
         return score(self.metric_names, preds, self.gold(dataset))
 
+    def baselines(self, dataset: Dataset) -> dict[str, dict[str, float]]:
+        """Trivial systems scored with the task's metrics on `dataset` (name → metrics), printed beside the
+        fine-tuned model's scores; none by default."""
+        return {}
+
     @torch.no_grad()
     def predict_all(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> list:
         training = model.training

@@ -7,13 +7,14 @@ own `Options` dataclass, as the `objective` section of a pretraining recipe is."
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section_to_dict
-from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, recipe_dict, write_yaml
-from lmforge.config_types import Fraction, NonNegFloat, OpenFraction, PosInt
+from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, parse_overrides, recipe_dict, write_yaml
+from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
 from lmforge.sections import LoopConfig, OptimConfig, RunConfig
 
@@ -68,6 +69,15 @@ class FtDataConfig:
     """Table sources: the column/key holding the text."""
     text_pair_field: str | None = None
     label_field: str = "label"
+    target_field: str | None = None
+    """Table sources: the column/key holding the target text (a translation, a summary) of a seq2seq or
+    text-to-text example; with it set, no label is read."""
+    labels: list[str] | None = None
+    """Table and dir sources: the label set, in class order. A label outside it stops the run with an error naming
+    the file, line and value. Without it the labels are the sorted distinct labels found."""
+    min_label_count: NonNegInt = 2
+    """Table sources without `labels`: warn about a label seen fewer times than this, or in only one labelled split
+    (a typo silently becomes a new class otherwise); 0 turns the warnings off."""
     max_train: PosInt | None = None
     """Use only the first N training examples (None = all)."""
     max_eval: PosInt | None = None
@@ -133,18 +143,44 @@ def build_finetune_config(raw: dict) -> FinetuneConfig:
     cfg = build_dataclass(FinetuneConfig, raw, "", all_keys(FinetuneConfig))
     cfg.task = build_task_section(task_raw)
     cfg.peft = build_peft_section(peft_raw)
+    if cfg.data.labels is not None and len(set(cfg.data.labels)) != len(cfg.data.labels):
+        raise LMForgeError(f"data.labels: each label once, got {cfg.data.labels}")
     return cfg
 
 
 def load_finetune_config(
     recipe: str | Path | None = None, overrides: list[str] | dict | None = None, init: str | None = None
 ) -> FinetuneConfig:
-    """Recipe (path or bundled name in recipes/finetune/) + dotted overrides (+ `--init`) → FinetuneConfig."""
+    """Recipe (path or bundled name in recipes/finetune/) + dotted overrides (+ `--init`) → FinetuneConfig.
+
+    Overriding the recipe's `task.type` drops the recipe's task keys that the new type does not have, with one
+    warning line naming them; task keys given on the command line are still checked."""
     extra = {"model": {"init": init}} if init is not None else None
-    cfg = build_finetune_config(recipe_dict(recipe, "finetune", overrides, extra))
+    over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    raw = recipe_dict(recipe, "finetune", over, extra)
+    if recipe is not None and isinstance(over.get("task"), dict) and "type" in over["task"]:
+        base = recipe_dict(recipe, "finetune").get("task") or {}
+        raw["task"] = _without_stale_task_keys(raw["task"], base, over["task"])
+    cfg = build_finetune_config(raw)
     if recipe is not None and cfg.run.recipe is None:
         cfg.run.recipe = str(recipe)
     return cfg
+
+
+def _without_stale_task_keys(task: dict, recipe_task: dict, override_task: dict) -> dict:
+    """`task` less the recipe's keys that the overriding task type has no option for (warned about, one line)."""
+    from lmforge.tasks import TASKS
+
+    old, new = str(recipe_task.get("type", TaskSection.type)), str(override_task["type"])
+    if old == new or new not in TASKS:
+        return task
+    valid = {f.name for f in dataclasses.fields(TASKS.get(new).Options)}
+    stale = [k for k in recipe_task if k != "type" and k not in override_task and k not in valid]
+    if stale:
+        names = ", ".join(f"task.{k}" for k in stale)
+        print(f"warning: --task.type={new} replaces the recipe's {old}; dropped the recipe keys that {new} does not "
+              f"have: {names}", file=sys.stderr)  # fmt: skip
+    return {k: v for k, v in task.items() if k not in stale}
 
 
 def finetune_to_dict(cfg: FinetuneConfig) -> dict:

@@ -4,19 +4,26 @@ Sources (`data.source`):
 - bundled: a labelled set shipped with lmforge (`data.name`, e.g. sentiment);
 - glue / superglue: a task dir as distributed (`data.dir`), task `data.name`;
 - squad: SQuAD v1.1/2.0 JSON files; conll2003: CoNLL-2003 files; table: jsonl/csv/tsv with a field mapping
-  (`data.text_field`, `data.text_pair_field`, `data.label_field`) — files from `data.train/dev/test`;
+  (`data.text_field`, `data.text_pair_field`, `data.label_field`, or `data.target_field` for source → target
+  pairs) — files from `data.train/dev/test`;
 - fetched: a set built by `lmforge data fetch NAME` (`data.name`); dir: a labelled-set dir in the same layout
   (`meta.json` + `train/dev/test.jsonl`, objects with `Example`'s fields).
-A run without a dev split holds out the last 10% of train (deterministic) as dev."""
+A run without a dev split holds out the last 10% of train (deterministic) as dev.
+
+Labels of table and dir data: `data.labels` declares the label set (a label outside it is an error naming the
+file, line and value). Without it, a table label seen fewer than `data.min_label_count` times or in only one
+labelled split gets a warning, since a typo would otherwise become a class of its own (a dir's meta.json states
+its label set already)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig
-from lmforge.tasks.examples import Dataset
+from lmforge.tasks.examples import Dataset, Example
 
 SPLITS = ("train", "dev", "test")
 
@@ -63,7 +70,11 @@ def _conll(cfg: FtDataConfig) -> dict[str, Dataset]:
 def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
     from lmforge.tasks.readers import read_table
 
-    return _files(cfg, lambda p: read_table(p, cfg.text_field, cfg.label_field, cfg.text_pair_field))
+    label_field = None if cfg.target_field is not None else cfg.label_field  # a pair has a target, not a label
+    return _files(
+        cfg,
+        lambda p: read_table(p, cfg.text_field, label_field, cfg.text_pair_field, target_field=cfg.target_field),
+    )
 
 
 def _dir(cfg: FtDataConfig) -> dict[str, Dataset]:
@@ -111,18 +122,72 @@ def load_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
     """train, dev (and test when present) of the configured source, capped by data.max_train / max_eval."""
     if cfg.source not in SOURCES:
         raise LMForgeError(f"data.source: unknown source '{cfg.source}' (known: {', '.join(SOURCES)})")
+    if cfg.labels is not None and cfg.source not in ("table", "dir"):
+        raise LMForgeError(
+            f"data.labels applies to the table and dir sources, not {cfg.source} (its label set is known)"
+        )
     splits = SOURCES[cfg.source](cfg)
     if "train" not in splits or not splits["train"].examples:
         raise LMForgeError(f"data ({cfg.source} {cfg.name}): no training examples")
+    if cfg.source in ("table", "dir"):  # a dir's meta.json states its label set, so only tables get warnings
+        splits = check_labels(splits, cfg.labels, cfg.min_label_count if cfg.source == "table" else 0)
     if "dev" not in splits:
         train = splits["train"]
         cut = len(train.examples) - max(1, len(train.examples) // 10)
-        splits["dev"] = Dataset(train.examples[cut:], train.labels, train.source + " (held-out 10%)")
-        splits["train"] = Dataset(train.examples[:cut], train.labels, train.source)
+        splits["dev"] = Dataset(train.examples[cut:], train.labels, train.source + " (held-out 10%)", train.task_type)
+        splits["train"] = Dataset(train.examples[:cut], train.labels, train.source, train.task_type)
     caps = {"train": cfg.max_train, "dev": cfg.max_eval, "test": cfg.max_eval}
     for split, ds in splits.items():
         if caps.get(split) is not None:
-            splits[split] = Dataset(ds.examples[: caps[split]], ds.labels, ds.source)
+            splits[split] = Dataset(ds.examples[: caps[split]], ds.labels, ds.source, ds.task_type)
+    return splits
+
+
+def _where(ds: Dataset, ex: Example, i: int) -> str:
+    """`file:line` of an example read from a table, else `file: example <id>`."""
+    if "line" in ex.meta:
+        return f"{ds.source}:{ex.meta['line']}"
+    return f"{ds.source}: example {ex.id or i + 1}"
+
+
+def _class_labels(ds: Dataset) -> list[tuple[int, Example]]:
+    return [(i, e) for i, e in enumerate(ds.examples) if isinstance(e.label, str)]
+
+
+def check_labels(splits: dict[str, Dataset], declared: list[str] | None, min_count: int) -> dict[str, Dataset]:
+    """With a declared label set: every class label must be in it (else one error line naming file, line and
+    value), and each split carries the declared set in its order. Without one: warn about labels seen fewer than
+    `min_count` times, or in only one of several labelled splits (`min_count` 0: no warnings)."""
+    if declared is not None:
+        for ds in splits.values():
+            for i, ex in _class_labels(ds):
+                if ex.label not in declared:
+                    allowed = ", ".join(declared)
+                    raise LMForgeError(f"{_where(ds, ex, i)}: label {ex.label!r} is not in data.labels ({allowed})")
+        return {k: Dataset(ds.examples, list(declared), ds.source, ds.task_type) for k, ds in splits.items()}
+    if min_count <= 0:
+        return splits
+    seen: dict[str, dict[str, list[str]]] = {}  # label → split → places
+    for split, ds in splits.items():
+        for i, ex in _class_labels(ds):
+            seen.setdefault(str(ex.label), {}).setdefault(split, []).append(_where(ds, ex, i))
+    labelled = [s for s, ds in splits.items() if _class_labels(ds)]
+    flagged: dict[str, str] = {}
+    for label, where in sorted(seen.items()):
+        n = sum(len(v) for v in where.values())
+        lonely = len(labelled) > 1 and len(where) == 1
+        if n < min_count or lonely:
+            first = next(iter(where.values()))[0]
+            flagged[label] = (
+                f"{n} time{'s' * (n != 1)}{f', only in {next(iter(where))}' if lonely else ''} (first {first})"
+            )
+    others = ", ".join(label for label in sorted(seen) if label not in flagged)
+    for label, why in flagged.items():
+        print(
+            f"warning: label {label!r} occurs {why}: a typo? To make any other label an error, declare the label "
+            f"set: --data.labels='[{others}]'",
+            file=sys.stderr,
+        )
     return splits
 
 

@@ -166,13 +166,16 @@ def read_table(
     header: bool = True,
     id_field: Field | None = None,
     fmt: Literal["jsonl", "csv", "tsv"] | None = None,
+    target_field: Field | None = None,
 ) -> Dataset:
     """Read a jsonl/csv/tsv file (also .gz/.xz/.bz2) with a field mapping.
 
     Fields are column names, or 0-based column indices when `header=False` (csv/tsv without a header row).
     `label_field=None` reads unlabelled text. Classification labels are kept as strings and checked against
     `labels` when given (else the label set is the sorted distinct labels); regression labels must be numbers.
-    TSV is split on tabs without quoting (as GLUE files are); CSV follows RFC 4180 quoting.
+    `target_field` reads the target text of a text-to-text / seq2seq example (a translation, a summary).
+    Each example's `meta["line"]` is the line it was read from. TSV is split on tabs without quoting (as GLUE
+    files are); CSV follows RFC 4180 quoting.
     """
     path = Path(path)
     fmt = fmt or _table_format(path)
@@ -180,7 +183,9 @@ def read_table(
     for n, row in _table_rows(path, fmt, header):
         text = _field(path, n, row, text_field)
         pair = _field(path, n, row, text_pair_field) if text_pair_field is not None else None
-        ex = Example(text=str(text), text_pair=None if pair is None else str(pair))
+        ex = Example(text=str(text), text_pair=None if pair is None else str(pair), meta={"line": n})
+        if target_field is not None:
+            ex.target = str(_field(path, n, row, target_field))
         if id_field is not None:
             ex.id = str(_field(path, n, row, id_field))
         if label_field is not None:
@@ -192,6 +197,8 @@ def read_table(
                 if labels is not None:
                     check_label(path, n, ex.label, labels)
         examples.append(ex)
+    if target_field is not None and label_field is None:
+        return Dataset(examples, None, str(path), "text_to_text")
     if task_type == "regression" or label_field is None:
         label_set = None
     else:

@@ -174,3 +174,15 @@ class Seq2Seq(Task):
 
     def gold(self, dataset: Dataset) -> list:
         return [ex.target or "" for ex in dataset.examples]
+
+    def baselines(self, dataset: Dataset) -> dict[str, dict[str, float]]:
+        """copy-the-input: the source text as the prediction, the floor a summariser or translator must clear (for
+        translation it credits the names and numbers a translation keeps as they are)."""
+        return {"copy-the-input": copy_baseline(dataset, self.metric_names)}
+
+
+def copy_baseline(dataset: Dataset, metric_names: list[str]) -> dict[str, float]:
+    """The metrics of predicting each example's source text (`Example.text`) unchanged."""
+    from lmforge.tasks.scoring import score
+
+    return score(metric_names, [ex.text for ex in dataset.examples], [ex.target or "" for ex in dataset.examples])
