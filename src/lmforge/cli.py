@@ -55,6 +55,12 @@ def _finetune(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from lmforge.finetune_cli import cmd_eval
 
+    if args.text:
+        from lmforge.eval.text import cmd_text
+
+        extra = args.overrides + [f"--task={t}" for t in args.task or []]
+        cmd_text(str(args.path), args.text, stride=args.stride, batch_size=args.batch_size, out=args.out, extra=extra)
+        return
     cmd_eval(str(args.path), args.task, args.overrides, args.out, args.split)
 
 
@@ -167,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task", action="append", help="recipes/eval name or path (repeatable)")
     ev.add_argument("--out", help="write the results JSON here")
     ev.add_argument("--split", help="dataset split to evaluate (default: dev, or each recipe's)")
+    ev.add_argument("--text", help="perplexity and bits per byte of a pretrained model on this text file")
+    ev.add_argument("--stride", type=int, help="--text: new tokens per sliding window (default: the context)")
+    ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass")
     ev.set_defaults(fn=_eval)
 
     al = sub.add_parser("align", help="instruction tuning, reward model, DPO, best-of-n").add_subparsers(
