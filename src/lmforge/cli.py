@@ -147,6 +147,13 @@ def _convert(args: argparse.Namespace) -> None:
     cmd_convert(args.src, args.out, args.to)
 
 
+def _scaling(args: argparse.Namespace) -> None:
+    from lmforge.experiments.sweep import cmd_scaling
+
+    devices = args.devices.split(",") if args.devices else None
+    cmd_scaling(args.sweep, args.overrides, out=args.out, jobs=args.jobs, devices=devices, dry_run=args.dry_run)
+
+
 def _probe(args: argparse.Namespace) -> None:
     from lmforge.eval.position_probe import cmd_probe
 
@@ -269,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--to", choices=["hf", "lmforge"], required=True)
     cv.set_defaults(fn=_convert)
 
+    sc = sub.add_parser("scaling", help="pretrain a grid of sizes × token budgets, fit scaling laws, report")
+    sc.add_argument("sweep", help="sweep file or bundled name in recipes/scaling (e.g. tiny); --a.b=value: every arm")
+    sc.add_argument("--out", help="sweep dir (default: the file's out:)")
+    sc.add_argument("--jobs", type=int, default=1, help="arms run at once")
+    sc.add_argument("--devices", help="GPUs for the job slots, round robin, e.g. 0,1,2,3")
+    sc.add_argument("--dry-run", action="store_true", help="list the arms and a command line; run nothing")
+    sc.set_defaults(fn=_scaling)
+
     pr = sub.add_parser("probe", help="position probe: regress absolute position from position representations")
     pr.add_argument("target", help="run dir, checkpoint dir or preset name")
     pr.add_argument("--n-positions", type=int, default=None)
@@ -283,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
-    if args.command in ("pretrain", "finetune", "eval") or (args.command, getattr(args, "sub", None)) in (
+    if args.command in ("pretrain", "finetune", "eval", "scaling") or (args.command, getattr(args, "sub", None)) in (
         ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"),
     ):  # fmt: skip
         args.overrides = extra
