@@ -90,9 +90,11 @@ def render(title: str, meta: dict[str, Any], pts: list[dict[str, Any]], analysis
     """The markdown report."""
     lines = [f"# {title}\n", f"{meta['description']}\n", "## Runs\n"]
     rows = [[p["arm"], si(p["N_non_embedding"]), si(p["N_total"]), si(p["D"]), sci(p["C"]), p["steps"],
-             f"{p['val_loss']:.4f}", "–" if p["val_bpb"] is None else f"{p['val_bpb']:.4f}",
-             "–" if p["seconds"] is None else p["seconds"]] for p in pts]  # fmt: skip
-    lines.append(markdown_table(["arm", "N", "N (total)", "D", "C", "steps", "val loss", "val bpb", "s"], rows))
+             "–" if p.get("epochs") is None else f"{p['epochs']:.2f}", f"{p['val_loss']:.4f}",
+             "–" if p["val_bpb"] is None else f"{p['val_bpb']:.4f}", "–" if p["seconds"] is None else p["seconds"]]
+            for p in pts]  # fmt: skip
+    heads = ["arm", "N", "N (total)", "D", "C", "steps", "epochs", "val loss", "val bpb", "s"]
+    lines.append(markdown_table(heads, rows))
     if "surface" not in analysis:
         lines.append(f"\nNo L(N, D) fit: {analysis.get('surface_error', 'not enough runs')}\n")
     else:

@@ -8,6 +8,7 @@ ending at its own token budget (Hoffmann et al. 2022 §3.1)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
@@ -135,7 +136,8 @@ def shape_sizes(rule: ShapeRule) -> list[tuple[str, dict[str, Any]]]:
 
 
 def shared_data(sweep: Sweep) -> dict[str, Any]:
-    """Overrides that point every arm at one tokenizer and one prepared corpus (made in OUT/shared if needed)."""
+    """Overrides that point every arm at one tokenizer and one prepared corpus (made in OUT/shared if needed).
+    `train_tokens` in the result is the corpus's training-split size, not an override."""
     from lmforge.data import load_default_corpus, prepare, read_documents
     from lmforge.tokenizers import Tokenizer, train_tokenizer
 
@@ -157,7 +159,11 @@ def shared_data(sweep: Sweep) -> dict[str, Any]:
             raise LMForgeError(f"data.prepared: {data} is not a prepared data dir (no meta.json)")
         status(f"preparing the sweep's corpus in {data}")
         prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed)
-    return {"data.tokenizer": str(tok_path), "data.prepared": str(data), "model.vocab_size": tok.vocab_size}
+    meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
+    return {
+        "data.tokenizer": str(tok_path), "data.prepared": str(data), "model.vocab_size": tok.vocab_size,
+        "train_tokens": int(meta["train"]["n_tokens"]),
+    }  # fmt: skip
 
 
 # --- arms -------------------------------------------------------------------------------------------------------
@@ -170,6 +176,8 @@ def plan_arms(sweep: Sweep, shared: dict[str, Any]) -> list[Arm]:
     from lmforge.models import Transformer
     from lmforge.models.flops import model_flops_per_token
 
+    shared = dict(shared)
+    train_tokens = shared.pop("train_tokens", None)
     arms = []
     for size, model in sweep.sizes:
         over = sweep.overrides | shared | {f"model.{k}": v for k, v in model.items()}
@@ -189,7 +197,8 @@ def plan_arms(sweep: Sweep, shared: dict[str, Any]) -> list[Arm]:
                     f"{t.warmup_steps}: lower the warmup or raise the smallest token budget"
                 )
             info = {"size": size, "N_non_embedding": n_emb, "N_total": n_all, "D": D, "steps": steps,
-                    "flops_per_token": flops_tok, "seq_len": t.seq_len}  # fmt: skip
+                    "flops_per_token": flops_tok, "seq_len": t.seq_len,
+                    "epochs": D / train_tokens if train_tokens else None}  # fmt: skip
             name = f"{size}-D{D}"
             arms.append(Arm(name, sweep.out / "arms" / name, sweep.recipe, over, steps, info))
     return arms
@@ -219,6 +228,13 @@ def cmd_scaling(
         print(markdown_table(["arm", "N", "D", "steps"], rows) + "\n" + " ".join(arm_command(arms[-1])))
         return {}
     arms = plan_arms(sweep, shared_data(sweep))
+    repeated = [a for a in arms if (a.info["epochs"] or 0) > 1]
+    if repeated:  # repeated tokens are worth less than fresh ones (Muennighoff et al. 2023): the law bends
+        worst = max(repeated, key=lambda a: a.info["epochs"])
+        status(
+            f"warning: {len(repeated)} arms see their training data more than once ({worst.name}: "
+            f"{worst.info['epochs']:.1f} epochs); give a larger corpus with --data.prepared and --data.tokenizer"
+        )
     results = run_arms(arms, jobs=jobs, devices=devices)
     check_all_finished(results)
     pts = points(results, sweep.fit.params, sweep.fit.compute)
