@@ -5,11 +5,11 @@ intervals and the compute-optimal model size and token count for a budget.
   minimise Σ Huber_δ(LSE(a − α log N, b − β log D, e) − log L) with δ = 1e-3 over (a, b, e, α, β), A = eᵃ,
   B = eᵇ, E = eᵉ, by L-BFGS from the paper's grid of initialisations (α, β ∈ {0, 0.5, …, 2}, e ∈ {−1, −0.5, …, 1},
   a, b ∈ {0, 5, …, 25}). The objective is evaluated at all 4,500 grid points at once; L-BFGS runs from the best
-  `top_k` of them (all of them with top_k=None, ~1 minute on one core instead of ~2 seconds).
-- compute-optimal allocation under C = 6ND (Chinchilla eq. 4): N_opt = G (C/6)^a, D_opt = G⁻¹ (C/6)^b with
+  `top_k` of them (all of them with top_k=None: about a minute on one core instead of about a second).
+- compute-optimal allocation under C = 6ND (Hoffmann et al. 2022 §3.3): N_opt = G (C/6)^a, D_opt = G⁻¹ (C/6)^b with
   a = β/(α+β), b = α/(α+β), G = (αA/(βB))^(1/(α+β)).
 - `fit_power_law`: y = k·x^(−γ) by least squares in log-log space, e.g. Kaplan et al. 2020's L(C) = (C_c/C)^α_C
-  over the compute frontier (`frontier`: the runs no cheaper run beats).
+  (their eq. 1.3) over the compute frontier (`frontier`: the runs no cheaper run beats).
 - `bootstrap`: percentile intervals of every fitted quantity over fits to runs resampled with replacement.
 """
 

@@ -4,7 +4,7 @@ A sweep file (recipes/scaling/*.yaml; docs/scaling.md) names the pretraining rec
 the sizes (presets, presets with model fields, or a width/depth rule), the token budgets and the fit options.
 Every arm trains on one tokenizer and one prepared corpus (built once in OUT/shared unless data.tokenizer and
 data.prepared are given), as an ordinary run dir OUT/arms/<size>-D<tokens>/, with its learning-rate schedule
-ending at its own token budget (Hoffmann et al. 2022 §3.1)."""
+ending at its own token budget, as Hoffmann et al. 2022 train theirs."""
 
 from __future__ import annotations
 
