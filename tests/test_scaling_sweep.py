@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lmforge.errors import LMForgeError
-from lmforge.experiments.runner import Arm, arm_command, final_record, format_value
+from lmforge.experiments.runner import Arm, arm_command, check_all_finished, final_record, format_value, run_arms
 from lmforge.experiments.sweep import ShapeRule, load_sweep, plan_arms, shape_sizes
 from lmforge.experiments.tables import markdown_table, si
 from lmforge.models import Transformer, get_preset
@@ -88,6 +88,19 @@ def test_runner_command_and_finished_detection(tmp_path):
     (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert final_record(arm.run_dir, 40) is None and final_record(arm.run_dir, 20) == lines[0]
     assert final_record(tmp_path / "missing", 40) is None
+
+
+def test_run_arms_skips_finished_arms_and_reports_failures(tmp_path):
+    done = Arm("done", tmp_path / "done", "gpt", {}, 5)
+    done.run_dir.mkdir()
+    (done.run_dir / "metrics.jsonl").write_text('{"step": 5, "val_loss": 3.5}\n')
+    bad = Arm("bad", tmp_path / "bad", str(tmp_path / "missing.yaml"), {}, 5)
+    results = run_arms([done, bad], jobs=2, poll_s=0.1)
+    assert [(r.arm.name, r.state) for r in results] == [("done", "skipped"), ("bad", "failed")]
+    assert results[0].final == {"step": 5, "val_loss": 3.5}
+    assert results[1].error == f"error: recipe file not found: {tmp_path / 'missing.yaml'}"
+    with pytest.raises(LMForgeError, match=r"1 of 2 arms failed \(bad\); bad: error: recipe file not found"):
+        check_all_finished(results)
 
 
 def test_table_writer():

@@ -137,22 +137,28 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     running: dict[int, tuple[Arm, subprocess.Popen, float]] = {}  # slot -> arm
     total, started = len(todo), 0
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # CPU runs: no more threads than cores
-    while todo or running:
-        for slot in range(jobs):
-            if slot not in running and todo:
-                arm = todo.pop(0)
-                device = devices[slot % len(devices)] if devices else None
-                started += 1
-                verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
-                status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
-                running[slot] = (arm, *_launch(arm, device, threads))
-        time.sleep(poll_s)
-        for slot, (arm, proc, t0) in list(running.items()):
-            if proc.poll() is None:
-                continue
+    try:
+        while todo or running:
+            for slot in range(jobs):
+                if slot not in running and todo:
+                    arm = todo.pop(0)
+                    device = devices[slot % len(devices)] if devices else None
+                    started += 1
+                    verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
+                    status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
+                    running[slot] = (arm, *_launch(arm, device, threads))
+            time.sleep(poll_s)
+            for slot, (arm, proc, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                proc.log.close()  # type: ignore[attr-defined]
+                del running[slot]
+                results[arm.name] = _finish(arm, proc.returncode, time.monotonic() - t0)
+    finally:  # interrupted: stop the arms still running (a rerun resumes them from their checkpoints)
+        for _, proc, _ in running.values():
+            proc.terminate()
+            proc.wait()
             proc.log.close()  # type: ignore[attr-defined]
-            del running[slot]
-            results[arm.name] = _finish(arm, proc.returncode, time.monotonic() - t0)
     return [results[a.name] for a in arms]
 
 
