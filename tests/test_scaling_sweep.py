@@ -70,6 +70,19 @@ def test_bad_sweep_files_are_one_line_errors(tmp_path, change, message):
     assert message in str(e.value)
 
 
+def test_sizes_list_with_presets_model_fields_and_per_size_overrides(tmp_path):
+    sizes = ["gpt-tiny", {"name": "wide", "preset": "gpt-tiny", "d_model": 128, "n_heads": 4, "train.lr": 0.004}]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**{k: v for k, v in SWEEP.items() if k != "shape"}, "sizes": sizes}))
+    arms = plan_arms(load_sweep(path), {})
+    assert [a.name for a in arms] == [f"{n}-D{t}" for n in ("gpt-tiny", "wide") for t in (2560, 5120, 10240)]
+    assert arms[0].overrides["train.lr"] == 3.0e-3 and arms[3].overrides["train.lr"] == 0.004
+    assert "--model.d_model=128" in arm_command(arms[3]) and "--train.lr=0.004" in arm_command(arms[3])
+    path.write_text(yaml.safe_dump({**SWEEP, "shape": None, "sizes": [{"name": "x", "train.max_steps": 3}]}))
+    with pytest.raises(LMForgeError, match="sizes: run.dir, train.max_steps are set by the sweep"):
+        load_sweep(path)
+
+
 def test_warmup_longer_than_an_arm_is_refused(tmp_path):
     sweep = load_sweep(write_sweep(tmp_path), ["--train.warmup_steps=10"])
     with pytest.raises(LMForgeError, match="L1-d32 at 2560 tokens has 10 steps, not more than train.warmup_steps=10"):

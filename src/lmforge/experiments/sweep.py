@@ -59,7 +59,7 @@ class Sweep:
     out: Path
     overrides: dict[str, Any]
     sizes: list[tuple[str, dict[str, Any]]]
-    """(name, model.* overrides) per size."""
+    """(name, overrides) per size: model fields by name (d_model), other keys dotted (train.lr)."""
     tokens: list[int]
     vocab_size: int | None
     fit: FitOptions
@@ -104,12 +104,16 @@ def _sizes(p: Path, sizes: Any, shape: Any) -> list[tuple[str, dict[str, Any]]]:
         rule = build_dataclass(ShapeRule, shape, "shape.", [f"shape.{k}" for k in all_keys(ShapeRule)])
         return shape_sizes(rule)
     if not isinstance(sizes, list) or not sizes:
-        raise LMForgeError(f"{p}: sizes: expected a list of presets or {{name, preset, model fields}} mappings")
+        raise LMForgeError(
+            f"{p}: sizes: expected a list of presets or {{name, preset, model fields, dotted overrides}} mappings"
+        )
     out = []
     for s in sizes:
         if isinstance(s, str):
             out.append((s, {"preset": s}))
         elif isinstance(s, dict) and isinstance(s.get("name"), str):
+            if any(k in RESERVED for k in s):
+                raise LMForgeError(f"{p}: sizes: {', '.join(RESERVED)} are set by the sweep for each arm")
             out.append((s["name"], {k: v for k, v in s.items() if k != "name"}))
         else:
             raise LMForgeError(f"{p}: sizes: each size is a preset name or a mapping with a name, got {s!r}")
@@ -180,7 +184,7 @@ def plan_arms(sweep: Sweep, shared: dict[str, Any]) -> list[Arm]:
     train_tokens = shared.pop("train_tokens", None)
     arms = []
     for size, model in sweep.sizes:
-        over = sweep.overrides | shared | {f"model.{k}": v for k, v in model.items()}
+        over = sweep.overrides | shared | {k if "." in k else f"model.{k}": v for k, v in model.items()}
         cfg = resolve_config(sweep.recipe, over)
         t = cfg.train
         per_step = t.batch_size * t.seq_len * t.grad_accum
