@@ -7,7 +7,7 @@ import torch
 
 from lmforge.errors import LMForgeError
 from lmforge.eval.fewshot import PromptClassify, PromptGenerate, PromptOptions, build_prompt, sample_demos
-from lmforge.eval.lm import LM, split_trailing_space
+from lmforge.eval.lm import LM, rolling_windows, split_trailing_space
 from lmforge.eval.zeroshot import (
     Acceptability,
     AcceptabilityOptions,
@@ -78,20 +78,44 @@ def test_encoder_decoder_loglikelihood_by_hand():
     assert lp == pytest.approx(float(want), abs=1e-4)
 
 
-def test_loglikelihood_rolling_windows_by_hand():
+def test_rolling_windows_are_the_harness_windows():
+    # lm-eval-harness's docstring example: tokens 0..9 after BOS, context 4. Indices are into [BOS] + tokens.
+    assert rolling_windows(10, 4) == [(0, 0, 4), (4, 4, 8), (6, 8, 10)]  # the last window keeps a full context
+    # Hugging Face's perplexity guide: stride 2 predicts 2 new tokens per window after 2 of context.
+    assert rolling_windows(10, 4, stride=2) == [(0, 0, 4), (2, 4, 6), (4, 6, 8), (6, 8, 10)]
+    assert rolling_windows(3, 4) == [(0, 0, 3)] and rolling_windows(0, 4) == []
+    with pytest.raises(LMForgeError, match="stride must be between 1 and the context length 4, got 5"):
+        rolling_windows(10, 4, stride=5)
+
+
+@torch.no_grad()
+def rolling_by_hand(model, ids: list[int], max_len: int, stride: int) -> float:
+    """Each token predicted once: windows of `stride` new predictions, each after the max_len tokens before it."""
+    want, n = 0.0, len(ids) - 1  # ids[0] is the EOS prefix
+    first, end = 0, min(max_len, n)
+    while first < n:
+        window = torch.tensor([ids[max(0, end - max_len) : end + 1]])
+        logp = model(window[:, :-1]).logits[0].log_softmax(-1)
+        lp = logp.gather(-1, window[0, 1:, None]).squeeze(-1)
+        want += float(lp[-(end - first) :].sum())
+        first, end = end, min(end + stride, n)
+    return want
+
+
+@pytest.mark.parametrize("stride", [16, 5])
+def test_loglikelihood_rolling_windows_by_hand(stride):
     tok = T.tokenizer("gpt")
     model = T.model("gpt-tiny", tok, seed=1, max_seq_len=16).eval()
     text = T.TEXTS[0]
     ids = [tok.eos_id] + tok.encode(text)
-    assert len(ids) > 40  # several windows of 16 predictions
-    want = 0.0
-    with torch.no_grad():
-        for s in range(0, len(ids) - 1, 16):
-            window = torch.tensor([ids[s : s + 17]])
-            logp = model(window[:, :-1]).logits[0].log_softmax(-1)
-            want += float(logp.gather(-1, window[0, 1:, None]).sum())
-    [got] = LM(model, tok, batch_size=2).loglikelihood_rolling([text])
-    assert got == pytest.approx(want, abs=1e-3)
+    assert len(ids) > 40 and (len(ids) - 1) % 16  # several windows of 16 predictions, a shorter last one
+    want = rolling_by_hand(model, ids, 16, stride)
+    lm = LM(model, tok, batch_size=2)
+    [parts] = lm.score_rolling([text], stride=stride)
+    assert sum(p.total for p in parts) == pytest.approx(want, abs=1e-3)
+    assert sum(len(p.logprobs) for p in parts) == len(ids) - 1  # every token scored once
+    if stride == 16:
+        assert lm.loglikelihood_rolling([text]) == [pytest.approx(want, abs=1e-3)]
 
 
 def test_generate_until_cuts_at_the_stop_string(gpt):
@@ -102,6 +126,36 @@ def test_generate_until_cuts_at_the_stop_string(gpt):
     stop = full[len(full) // 2 :][:2]
     [cut] = lm.generate_until([(CTX, [stop], 12)])
     assert cut == full[: full.index(stop)]
+
+
+def test_generate_until_batches_by_length_and_keeps_request_order(gpt):
+    model, tok = gpt
+    reqs = [("A", [], 5), (CTX, ["\n"], 9), ("Four score and seven years", [], 3), ("", [], 4)]
+    alone = [LM(model, tok, batch_size=1).generate_until([r])[0] for r in reqs]
+    assert LM(model, tok, batch_size=3).generate_until(reqs) == alone  # left-padded batches, original order
+    assert all(len(tok.encode(o)) <= r[2] for o, r in zip(alone, reqs))
+
+
+def test_generate_until_stops_a_batch_at_its_stop_strings(gpt):
+    model, tok = gpt
+    lm = LM(model, tok, batch_size=2)
+    [full] = lm.generate_until([(CTX, [], 40)])
+    stop = full[:2]
+    calls = []
+    hook = model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        assert lm.generate_until([(CTX, [stop], 40), (CTX, [stop], 40)]) == ["", ""]
+    finally:
+        hook.remove()
+    assert len(calls) < 5  # not 40 decoding steps: both rows met the stop string at once
+
+
+def test_encode_pair_follows_the_harness_tokenization(gpt):
+    model, tok = gpt
+    lm = LM(model, tok)
+    ctx, cont = lm.encode_pair("Answer:\n", "yes")  # trailing whitespace (not only spaces) moves over
+    assert ctx == tok.encode("Answer:") and ctx + cont == tok.encode("Answer:\nyes")
+    assert lm.encode_pair("", " man") == ([], tok.encode(" man"))
 
 
 def test_best_threshold_maximises_mcc():

@@ -55,6 +55,12 @@ def _finetune(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from lmforge.finetune_cli import cmd_eval
 
+    if args.text:
+        from lmforge.eval.text import cmd_text
+
+        extra = args.overrides + [f"--task={t}" for t in args.task or []]
+        cmd_text(str(args.path), args.text, stride=args.stride, batch_size=args.batch_size, out=args.out, extra=extra)
+        return
     cmd_eval(str(args.path), args.task, args.overrides, args.out, args.split)
 
 
@@ -129,22 +135,44 @@ def _tok_encode(args: argparse.Namespace) -> None:
 
 
 def _model_info(args: argparse.Namespace) -> None:
+    import torch
+
     from lmforge.models import Transformer, get_preset
+    from lmforge.models.gpt3 import PUBLISHED_TABLES
     from lmforge.registry import MODELS
 
-    names = MODELS.names() if args.preset == "all" else [args.preset]
-    for name in names:
-        cfg = get_preset(name)
-        m = Transformer(cfg)
-        n = m.num_params()
+    if args.preset in PUBLISHED_TABLES:
+        print(PUBLISHED_TABLES[args.preset]())
+        return
+    if Path(args.preset).exists():  # what a run or checkpoint built
+        from lmforge.config import model_config_from_dict
+        from lmforge.train import checkpoint as ckpt
+
+        cfgs = {
+            args.preset: model_config_from_dict(ckpt.read_config(ckpt.model_checkpoint(Path(args.preset)))["model"])
+        }
+    else:
+        names = MODELS.names() if args.preset == "all" else [args.preset]
+        cfgs = {name: get_preset(name) for name in names}
+    for name, cfg in cfgs.items():
+        with torch.device("meta"):  # counts without allocating (gpt3-175b included)
+            n = Transformer(cfg).num_params()
         print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M), {cfg.arch}, d_model={cfg.d_model}, "
-              f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}")  # fmt: skip
+              f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
+              f"max_seq_len={cfg.max_seq_len}")  # fmt: skip
 
 
 def _convert(args: argparse.Namespace) -> None:
     from lmforge.models.convert_cli import cmd_convert
 
     cmd_convert(args.src, args.out, args.to)
+
+
+def _scaling(args: argparse.Namespace) -> None:
+    from lmforge.experiments.sweep import cmd_scaling
+
+    devices = args.devices.split(",") if args.devices else None
+    cmd_scaling(args.sweep, args.overrides, out=args.out, jobs=args.jobs, devices=devices, dry_run=args.dry_run)
 
 
 def _probe(args: argparse.Namespace) -> None:
@@ -221,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task", action="append", help="recipes/eval name or path (repeatable)")
     ev.add_argument("--out", help="write the results JSON here")
     ev.add_argument("--split", help="dataset split to evaluate (default: dev, or each recipe's)")
+    ev.add_argument("--text", help="perplexity and bits per byte of a pretrained model on this text file")
+    ev.add_argument("--stride", type=int, help="--text: new tokens per sliding window (default: the context)")
+    ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass")
     ev.set_defaults(fn=_eval)
 
     al = sub.add_parser("align", help="instruction tuning, reward model, DPO, best-of-n").add_subparsers(
@@ -322,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     te.set_defaults(fn=_tok_encode)
 
     m = sub.add_parser("model", help="inspect architectures").add_subparsers(dest="sub", required=True)
-    mi = m.add_parser("info", help="parameter count of a preset ('all' for every preset)")
-    mi.add_argument("preset")
+    mi = m.add_parser("info", help="parameter count of a preset, a run or checkpoint ('all': every preset)")
+    mi.add_argument("preset", help="preset name, 'all', a family's published table (gpt3), or a run/checkpoint dir")
     mi.set_defaults(fn=_model_info)
 
     cv = sub.add_parser("convert", help="convert between Hugging Face model dirs and lmforge checkpoints")
@@ -331,6 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--out", type=Path, required=True)
     cv.add_argument("--to", choices=["hf", "lmforge"], required=True)
     cv.set_defaults(fn=_convert)
+
+    sc = sub.add_parser("scaling", help="pretrain a grid of sizes × token budgets, fit scaling laws, report")
+    sc.add_argument("sweep", help="sweep file or bundled name in recipes/scaling (e.g. tiny); --a.b=value: every arm")
+    sc.add_argument("--out", help="sweep dir (default: the file's out:)")
+    sc.add_argument("--jobs", type=int, default=1, help="arms run at once")
+    sc.add_argument("--devices", help="GPUs for the job slots, round robin, e.g. 0,1,2,3")
+    sc.add_argument("--dry-run", action="store_true", help="list the arms and a command line; run nothing")
+    sc.set_defaults(fn=_scaling)
 
     pr = sub.add_parser("probe", help="position probe: regress absolute position from position representations")
     pr.add_argument("target", help="run dir, checkpoint dir or preset name")
@@ -358,7 +397,7 @@ def _run(argv: list[str]) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
-    if args.command in ("pretrain", "finetune", "eval") or (args.command, getattr(args, "sub", None)) in (
+    if args.command in ("pretrain", "finetune", "eval", "scaling") or (args.command, getattr(args, "sub", None)) in (
         ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"), ("config", "show"),
     ):  # fmt: skip
         args.overrides = extra

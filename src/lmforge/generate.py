@@ -7,6 +7,7 @@ next-token logits, `step(tokens)` to feed one token per row, `select(index)` to 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -183,10 +184,12 @@ def sample(
     top_p: float | None = None,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Greedy (temperature 0) or sampled continuation tokens (B, n), n ≤ max_new_tokens.
 
-    Rows that emit EOS are padded with EOS afterwards; decoding stops when every row has finished."""
+    Rows that emit EOS are padded with EOS afterwards; decoding stops when every row has finished. `stop`, given the
+    new tokens so far (B, i), returns the rows (B,) bool that have finished too (e.g. on a stop string)."""
     n = steps.max_steps(max_new_tokens)
     device = steps.device
     tokens: list[Tensor] = []
@@ -198,7 +201,9 @@ def sample(
             tok = tok.masked_fill(done, eos_id)
             done |= tok == eos_id
         tokens.append(tok)
-        if i + 1 == n or (eos_id is not None and bool(done.all())):
+        if stop is not None:
+            done |= stop(torch.stack(tokens, dim=1))
+        if i + 1 == n or bool(done.all()):
             break
         logits = steps.step(tok)
     if not tokens:
@@ -233,6 +238,7 @@ def generate(
     num_beams: int = 1,
     length_penalty: float = 1.0,
     generator: torch.Generator | None = None,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Generate with a decoder or encoder-decoder model (dispatch on `model.config.arch`).
 
@@ -240,7 +246,7 @@ def generate(
     Encoder-decoder: `input_ids` is the (right-padded) source (B, S); returns the decoder sequence (B, 1 + n),
     starting with `config.decoder_start_id`. n ≤ max_new_tokens (learned positions also cap it at max_seq_len).
     num_beams > 1 runs beam search (deterministic: temperature is ignored) with HF's length penalty.
-    Positions after a row's EOS hold eos_id."""
+    Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`."""
     _check_args(max_new_tokens, top_k, top_p, num_beams)
     steps = decoding_steps(model, input_ids, attention_mask)
     training = model.training
@@ -259,6 +265,7 @@ def generate(
                 top_p=top_p,
                 eos_id=eos_id,
                 generator=generator,
+                stop=stop,
             )
     finally:
         model.train(training)

@@ -2,23 +2,29 @@
 over (context, continuation) requests.
 
 - `loglikelihood([(context, continuation), ...])` → [(log P(continuation | context), is_greedy), ...];
-- `loglikelihood_rolling([text, ...])` → [log P(text), ...] (the first token conditioned on BOS/EOS; texts longer
-  than the context window are scored in consecutive windows);
-- `generate_until([(context, until, max_tokens), ...])` → greedy continuations cut at the first `until` string.
+- `loglikelihood_rolling([text, ...])` → [log P(text), ...] (the first token conditioned on BOS/EOS; a text longer
+  than the context window is scored in windows that predict each token once, each window filled with as much
+  preceding text as fits: the harness's rolling windows, and with a `stride` the sliding windows of Hugging Face's
+  perplexity guide);
+- `generate_until([(context, until, max_tokens), ...])` → continuations cut at the first `until` string.
 
-Decoders score the continuation after the context; encoder-decoders encode the context and score the continuation
-as decoder output. Requests are sorted by length and run in right-padded batches; the log-probabilities of all
-continuation tokens of a batch come from one gather."""
+Tokenization follows the harness: the context's trailing whitespace moves to the continuation; a decoder's
+continuation tokens are those of `context + continuation` after the context's (so both tokenize as the text
+would), an encoder-decoder's are encoded on their own. Decoders score the continuation after the context;
+encoder-decoders encode the context and score the continuation as decoder output. Requests are sorted by length
+and run in right-padded batches; the log-probabilities of all continuation tokens of a batch come from one
+gather."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from lmforge.errors import LMForgeError
+from lmforge.progress import progress
 
 
 @dataclass
@@ -38,9 +44,24 @@ class Scored:
 
 
 def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
-    """Move the context's trailing spaces to the continuation (so " positive" tokenizes as one BPE word)."""
-    stripped = context.rstrip(" ")
+    """Move the context's trailing whitespace to the continuation (so " positive" tokenizes as one BPE word)."""
+    stripped = context.rstrip()
     return stripped, context[len(stripped) :] + continuation
+
+
+def rolling_windows(n_tokens: int, max_len: int, stride: int | None = None) -> list[tuple[int, int, int]]:
+    """Windows (start, first, end) over the ids `full` = [BOS/EOS] + the n_tokens tokens of a text: each feeds
+    full[start:end] (at most max_len tokens) and scores the predictions of full[first + 1 : end + 1], so every token
+    is predicted once. The first window predicts min(max_len, n_tokens) tokens, each later one `stride` (default
+    max_len) more, after the max_len - stride tokens before them (the last window: after as many as fit)."""
+    stride = max_len if stride is None else stride
+    if not 1 <= stride <= max_len:
+        raise LMForgeError(f"stride must be between 1 and the context length {max_len}, got {stride}")
+    out, first, end = [], 0, min(max_len, n_tokens)
+    while first < n_tokens:
+        out.append((max(0, end - max_len), first, end))
+        first, end = end, min(end + stride, n_tokens)
+    return out
 
 
 class LM:
@@ -67,48 +88,86 @@ class LM:
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return [sum(s.total for s in parts) for parts in self.score_rolling(texts)]
 
-    def generate_until(self, requests: Sequence[tuple[str, list[str], int]]) -> list[str]:
+    def generate_until(
+        self,
+        requests: Sequence[tuple[str, list[str], int]],
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[str]:
+        """Continuations of at most max_tokens tokens, cut before the first `until` string (temperature 0: greedy).
+
+        Requests run longest prompt first in batches; a batch stops once every row has met a stop string, EOS or
+        its own max_tokens."""
         from lmforge.generate import generate
 
-        out: list[str] = []
-        for i in range(0, len(requests), self.batch_size):
-            chunk = requests[i : i + self.batch_size]
-            max_new = max(r[2] for r in chunk)
-            prompts = [self._prompt_ids(ctx, max_new) for ctx, _, _ in chunk]
-            ids, mask = self._pad(prompts, left=not self.seq2seq)
-            gen = generate(self.model, ids, mask, max_new_tokens=max_new, temperature=0.0, eos_id=self.tokenizer.eos_id)
+        prompts = [self._prompt_ids(ctx, n) for ctx, _, n in requests]
+        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
+        out: list[str] = [""] * len(requests)
+        for b in range(0, len(order), self.batch_size):
+            idx = order[b : b + self.batch_size]
+            limits = [requests[i][2] for i in idx]
+            untils = [[u for u in requests[i][1] if u] for i in idx]
+            room = self.max_len if self.seq2seq else max(1, self.max_len - max(limits))  # the batch's new tokens fit
+            ids, mask = self._pad([prompts[i][-room:] for i in idx], left=not self.seq2seq)
+            gen = generate(
+                self.model, ids, mask, max_new_tokens=max(limits), temperature=temperature, top_k=top_k,
+                top_p=top_p, eos_id=self.tokenizer.eos_id, generator=generator, stop=self._stopper(untils, limits),
+            )  # fmt: skip
             new = gen[:, 1:] if self.seq2seq else gen[:, ids.shape[1] :]
-            for (_, until, n), row in zip(chunk, new.tolist()):
-                row = row[:n]
-                if self.tokenizer.eos_id in row:
-                    row = row[: row.index(self.tokenizer.eos_id)]
-                text = self.tokenizer.decode(row)
-                cut = min([text.index(u) for u in until if u and u in text], default=len(text))
-                out.append(text[:cut])
+            for i, until, n, row in zip(idx, untils, limits, new.tolist()):
+                out[i] = self._cut(row[:n], until)
         return out
+
+    def _cut(self, row: list[int], until: list[str]) -> str:
+        if self.tokenizer.eos_id in row:
+            row = row[: row.index(self.tokenizer.eos_id)]
+        text = self.tokenizer.decode(row)
+        return text[: min([text.index(u) for u in until if u in text], default=len(text))]
+
+    def _stopper(self, untils: list[list[str]], limits: list[int]) -> Callable[[Tensor], Tensor]:
+        """Rows done: a stop string in their text, or their own token limit reached (new tokens (B, i))."""
+
+        def stop(tokens: Tensor) -> Tensor:
+            done = [tokens.shape[1] >= n for n in limits]
+            if any(untils):
+                texts = self.tokenizer.decode_batch(tokens.tolist())
+                done = [d or any(u in t for u in us) for d, t, us in zip(done, texts, untils)]
+            return torch.tensor(done, device=tokens.device)
+
+        return stop
 
     # --- scoring with per-token detail --------------------------------------------------------------------------
 
     def score(self, requests: Sequence[tuple[str, str]]) -> list[Scored]:
         """Per-token log-probs of each continuation given its context (empty context: BOS/EOS)."""
-        rows = []
-        for context, continuation in requests:
-            context, continuation = split_trailing_space(context, continuation)
-            cont = self.tokenizer.encode(continuation)
-            if not cont:
-                raise LMForgeError(f"empty continuation after context {context[-40:]!r}")
-            rows.append((self.tokenizer.encode(context), cont))
-        return self._score_rows(rows)
+        return self._score_rows([self.encode_pair(context, continuation) for context, continuation in requests])
 
-    def score_rolling(self, texts: Sequence[str]) -> list[list[Scored]]:
-        """Each text as consecutive windows of at most max_seq_len predicted tokens (the first after BOS/EOS)."""
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context and continuation token ids, tokenized as the harness does (see the module docstring)."""
+        context, continuation = split_trailing_space(context, continuation)
+        tok = self.tokenizer
+        ctx = tok.encode(context) if context else []
+        cont = None
+        if ctx and not self.seq2seq:
+            whole = tok.encode(context + continuation)
+            if whole[: len(ctx)] == ctx:  # else the context's tokens merge across the boundary: encode apart
+                cont = whole[len(ctx) :]
+        cont = tok.encode(continuation) if cont is None else cont
+        if not cont:
+            raise LMForgeError(f"empty continuation after context {context[-40:]!r}")
+        return ctx, cont
+
+    def score_rolling(self, texts: Sequence[str], stride: int | None = None) -> list[list[Scored]]:
+        """Each text's windows (`rolling_windows`: the first token after BOS/EOS, every token scored once)."""
         rows, owner = [], []
         for i, text in enumerate(texts):
             ids = self.tokenizer.encode(text)
             full = [self.prefix_id] + ids
-            for s in range(0, len(ids), self.max_len):
-                # One token of context (the previous window's last): the window itself is the model's input.
-                rows.append((full[s : s + 1], full[s + 1 : s + 1 + self.max_len]))
+            for start, first, end in rolling_windows(len(ids), self.max_len, stride):
+                rows.append((full[start : first + 1], full[first + 1 : end + 1]))
                 owner.append(i)
         out: list[list[Scored]] = [[] for _ in texts]
         for i, scored in zip(owner, self._score_rows(rows)):
@@ -118,7 +177,7 @@ class LM:
     def _score_rows(self, rows: list[tuple[list[int], list[int]]]) -> list[Scored]:
         order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
         out: list[Scored | None] = [None] * len(rows)
-        for b in range(0, len(order), self.batch_size):
+        for b in progress(range(0, len(order), self.batch_size), desc="scoring", unit="batch"):
             idx = order[b : b + self.batch_size]
             batch = [rows[i] for i in idx]
             scored = self._score_seq2seq(batch) if self.seq2seq else self._score_decoder(batch)
@@ -181,8 +240,7 @@ class LM:
             bos = [tok.bos_id] if tok.bos_id is not None else []
             eos = [tok.eos_id] if tok.eos_id is not None else []
             return (bos + ids + eos)[-self.max_len :]
-        room = max(1, self.max_len - max_new) if self.model.config.position == "learned" else len(ids)
-        return ids[-room:]
+        return ids[-max(1, self.max_len - max_new) :]  # keep the end, leave room for the new tokens
 
     def _pad(self, seqs: list[list[int]], left: bool) -> tuple[Tensor, Tensor]:
         T = max(len(s) for s in seqs)

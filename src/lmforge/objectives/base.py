@@ -54,6 +54,11 @@ class Objective:
             seed=self.cfg.run.seed,
         )  # fmt: skip
 
+    def lengths(self, seq_len: int) -> tuple[int, int | None]:
+        """(input tokens, decoder target tokens or None) per example of train.seq_len-token windows, for the FLOP
+        count of MFU; encoder-decoder objectives whose inputs and targets differ in length override it."""
+        return seq_len, None
+
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         """tokens: (B, T + 1) packed token windows → a batch dict of tensors."""
         raise NotImplementedError

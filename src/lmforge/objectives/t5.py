@@ -212,6 +212,13 @@ class T5SpanCorruption(Objective):
             return torch.where(noise, self.mask_id, x), full, x, full
         return bert_corrupt(x, noise, self.mask_id, self.ordinary, o.mask_prob, o.random_prob), full, x, full
 
+    def lengths(self, seq_len: int) -> tuple[int, int | None]:
+        o: T5Options = self.options
+        if o.style != "span":
+            return super().lengths(seq_len)
+        n_noise, n_spans = span_counts(seq_len, o.noise_density, o.mean_span_length)
+        return seq_len - n_noise + n_spans + 1, n_noise + n_spans + 1  # each span a sentinel; EOS at the end
+
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         x = tokens[:, :-1]  # (B, T): the extra token of a packed window only serves next-token objectives
         src, src_len, tgt, tgt_len = self.corrupt(x)

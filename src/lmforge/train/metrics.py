@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import torch
 
 from lmforge.errors import LMForgeError
+from lmforge.models.flops import flops_per_token  # noqa: F401  (the trainer's MFU count; one definition)
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -303,19 +304,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
                 return half
             return single if dtype == torch.float32 else None
     return None
-
-
-def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N + 12·L·d·T (PaLM, Chowdhery et al. 2022, appendix B).
-
-    6N covers the forward and backward matmuls with the weights; 12·L·d·T the attention scores and
-    weighted sums (L layers, d = n_heads·head_dim, context T), counted over the full T×T score matrix as in
-    nanoGPT's ``estimate_mfu``. Whether ``n_params`` includes position embeddings is the caller's choice
-    (nanoGPT excludes them: they are a lookup, not a matmul).
-    """
-    if min(n_params, n_layers, d_model, seq_len) < 0:
-        raise ValueError("flops_per_token arguments must be non-negative")
-    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak: float | None, n_devices: int = 1) -> float | None:

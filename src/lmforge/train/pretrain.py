@@ -11,6 +11,7 @@ import torch
 
 from lmforge.config import Config, to_dict
 from lmforge.errors import LMForgeError
+from lmforge.models.flops import model_flops_per_token
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
 from lmforge.progress import status
@@ -18,7 +19,7 @@ from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
 from lmforge.train.loop import Loop, LoopSpec, Saved
-from lmforge.train.metrics import MetricsLogger, flops_per_token, peak_flops
+from lmforge.train.metrics import MetricsLogger, peak_flops
 from lmforge.train.prefetch import Batch
 from lmforge.train.resume import resume_checkpoint
 from lmforge.train.rundir import lock_run_dir
@@ -96,13 +97,11 @@ class Pretraining:
         loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
         batches = ObjectiveBatches(loader, self.objective.transform, rank_seed(cfg.run.seed, d.rank) + 0x0B1E)
         self.val_loader = self.objective.make_loader(self.data_dir, "val")
-        count = getattr(self.raw_model, "num_params", None)
-        n_params = count(non_embedding=True) if count else sum(p.numel() for p in self.raw_model.parameters())
         spec = LoopSpec(
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
             evaluate=self.evaluate,
             tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * d.world_size,
-            flops_per_token=flops_per_token(n_params, cfg.model.n_layers, cfg.model.d_model, t.seq_len),
+            flops_per_token=model_flops_per_token(cfg.model, *self.objective.lengths(t.seq_len)),
             peak_flops=peak_flops(self.device, torch.bfloat16 if t.precision != "fp32" else torch.float32),
             resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
         )

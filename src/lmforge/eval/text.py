@@ -1,0 +1,101 @@
+"""Perplexity and bits per byte of a language model on any text (`lmforge eval RUN --text FILE`).
+
+Each document (a .txt file, a JSONL line, a CSV row: `lmforge.data.read_documents`) is scored on its own, its first
+token after BOS/EOS. A document longer than the model's context is scored in sliding windows (`eval.lm.
+rolling_windows`): every token is predicted exactly once, after up to max_seq_len - stride tokens of context
+(the stride defaults to the whole context, as lm-eval-harness's rolling log-likelihood; a smaller stride gives each
+prediction more context at more compute, as in Hugging Face's perplexity guide). Perplexity is exp of the mean
+negative log-likelihood per token; bits per byte is the total negative log-likelihood in bits over the UTF-8
+bytes of the text, which compares across tokenizers."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from lmforge.errors import LMForgeError
+from lmforge.eval.lm import LM
+
+
+@dataclass
+class TextScore:
+    documents: int
+    tokens: int
+    bytes: int
+    nll: float
+    """Total negative log-likelihood, nats."""
+    context: int
+    stride: int
+
+    @property
+    def loss(self) -> float:
+        """Mean negative log-likelihood, nats per token."""
+        return self.nll / max(self.tokens, 1)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 700.0))
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nll / math.log(2) / max(self.bytes, 1)
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"loss": self.loss, "perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte}
+
+
+def score_text(lm: LM, documents: list[str], stride: int | None = None) -> TextScore:
+    """Negative log-likelihood of every token of `documents` under `lm`'s model (see the module docstring)."""
+    docs = [d for d in documents if d]
+    if not docs:
+        raise LMForgeError("no text to score: the input holds no non-empty document")
+    stride = lm.max_len if stride is None else stride
+    nll, tokens = 0.0, 0
+    for parts in lm.score_rolling(docs, stride=stride):
+        for p in parts:
+            nll -= p.total
+            tokens += len(p.logprobs)
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    return TextScore(len(docs), tokens, n_bytes, nll, lm.max_len, stride)
+
+
+def cmd_text(
+    path: str,
+    text: str,
+    *,
+    stride: int | None = None,
+    batch_size: int = 16,
+    out: str | None = None,
+    extra: list[str] | None = None,
+) -> TextScore:
+    """`lmforge eval RUN --text FILE`: print (and with `out`, write as JSON) the text's perplexity and bits per
+    byte under the model of a run, checkpoint or Hugging Face dir. `extra`: other arguments given, refused."""
+    from lmforge.api import load
+    from lmforge.data import read_documents
+
+    if extra:
+        raise LMForgeError(f"--text scores the text alone; it takes no {extra[0]}")
+    if batch_size < 1:
+        raise LMForgeError(f"--batch-size must be >= 1, got {batch_size}")
+    file = Path(text)
+    if not file.exists():
+        raise LMForgeError(f"text file not found: {text}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tok = load(path, device=device)
+    if tok is None:
+        raise LMForgeError(f"{path} has no tokenizer to encode the text with")
+    score = score_text(LM(model, tok, batch_size=batch_size), list(read_documents([file])), stride)
+    print(
+        f"{file}: {score.documents} document(s), {score.tokens:,} tokens, {score.bytes:,} bytes "
+        f"(context {score.context}, stride {score.stride})\n"
+        f"loss {score.loss:.4f} nats/token, perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits/byte"
+    )
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({"file": str(file), **score.as_dict()}, indent=2) + "\n", encoding="utf-8")
+        print(f"results written to {out}")
+    return score

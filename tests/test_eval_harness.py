@@ -1,0 +1,161 @@
+"""The lm-evaluation-harness model `lmforge`: lm_eval's own entry points on local task YAMLs (tests/fixtures/harness)
+give the per-example log-likelihoods, perplexities and generations of lmforge's scorer and of forwards by hand."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tasks_testing as T
+import torch
+
+from lmforge.errors import LMForgeError
+from lmforge.eval.lm import LM
+from lmforge.train.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "harness"
+needs_lm_eval = pytest.mark.skipif(
+    importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install 'lmforge[harness]')"
+)
+GEN_UNTIL, GEN_TOKENS = ["\n", ".", ","], 6  # lmforge_gen.yaml's generation_kwargs
+
+
+def read_jsonl(name: str) -> list[dict]:
+    return [json.loads(x) for x in (FIXTURES / name).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run dirs of a tiny random decoder and encoder-decoder: {family: (run dir, model, tokenizer)}."""
+    out = {}
+    for family, preset in [("gpt", "gpt-tiny"), ("bart", "bart-tiny")]:
+        tok = T.tokenizer(family)
+        model = T.model(preset, tok, seed=7).eval()
+        run = tmp_path_factory.mktemp(family)
+        save_checkpoint(run, 1, model, config={"model": dataclasses.asdict(model.config)}, tokenizer=tok)
+        out[family] = (run, model, tok)
+    return out
+
+
+@pytest.fixture
+def harness_env(monkeypatch, tmp_path):
+    """Run from the repository root (the YAMLs' data_files are relative to it), datasets cached in tmp, offline."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def evaluate(run: Path, tasks: list[str]) -> dict:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from lmforge.eval.harness import register
+
+    register()
+    manager = TaskManager(include_path=str(FIXTURES), include_defaults=False)
+    return lm_eval.simple_evaluate(
+        model="lmforge", model_args=f"pretrained={run}", tasks=tasks, task_manager=manager, log_samples=True,
+        batch_size=3, device="cpu",
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def by_hand(model, tok, context: str, continuation: str) -> float:
+    """log P(continuation | context) from one unpadded forward of the whole text (decoder)."""
+    ctx = tok.encode(context)
+    cont = tok.encode(context + continuation)[len(ctx) :]
+    ids = torch.tensor([ctx + cont])
+    logp = model(ids).logits[0, :-1].log_softmax(-1)[len(ctx) - 1 :]
+    return float(logp.gather(-1, torch.tensor(cont)[:, None]).sum())
+
+
+@needs_lm_eval
+@pytest.mark.parametrize("family", ["gpt", "bart"])
+def test_simple_evaluate_multiple_choice_gives_lmforges_loglikelihoods(runs, harness_env, family):
+    run, model, tok = runs[family]
+    res = evaluate(run, ["lmforge_mc"])
+    docs = read_jsonl("mc.jsonl")
+    samples = sorted(res["samples"]["lmforge_mc"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(docs)
+    lm = LM(model, tok, batch_size=1)
+    correct = 0
+    for s, doc in zip(samples, docs):
+        got = [r[0][0] for r in s["resps"]]  # one (loglikelihood, is_greedy) per choice
+        want = [lp for lp, _ in lm.loglikelihood([(doc["question"], " " + c) for c in doc["choices"]])]
+        assert got == pytest.approx(want, abs=1e-4)
+        if family == "gpt":
+            assert got == pytest.approx(
+                [by_hand(model, tok, doc["question"], " " + c) for c in doc["choices"]], abs=1e-4
+            )
+        correct += int(max(range(len(want)), key=lambda i: want[i]) == doc["answer"])
+    assert res["results"]["lmforge_mc"]["acc,none"] == pytest.approx(correct / len(docs))
+
+
+@needs_lm_eval
+def test_rolling_and_generation_tasks_give_lmforges_numbers(runs, harness_env):
+    run, model, tok = runs["gpt"]
+    res = evaluate(run, ["lmforge_ppl", "lmforge_gen"])
+    lm = LM(model, tok)
+    texts = [d["text"] for d in read_jsonl("text.jsonl")]
+    ppl = sorted(res["samples"]["lmforge_ppl"], key=lambda s: s["doc_id"])
+    want = lm.loglikelihood_rolling(texts)
+    assert [s["resps"][0][0] for s in ppl] == pytest.approx(want, abs=1e-4)
+    bpb = -sum(want) / math.log(2) / sum(len(t.encode()) for t in texts)
+    assert res["results"]["lmforge_ppl"]["bits_per_byte,none"] == pytest.approx(bpb, rel=1e-5)
+
+    gen = sorted(res["samples"]["lmforge_gen"], key=lambda s: s["doc_id"])
+    docs = read_jsonl("mc.jsonl")
+    want = lm.generate_until([(d["question"], GEN_UNTIL, GEN_TOKENS) for d in docs])
+    assert [s["resps"][0][0] for s in gen] == want
+    assert any(w for w in want) and all(len(tok.encode(w)) <= GEN_TOKENS for w in want)
+
+
+@needs_lm_eval
+def test_generation_options_follow_hf_generate(runs):
+    from lmforge.eval.harness_model import LMForgeLM
+
+    _, model, tok = runs["gpt"]
+    m = LMForgeLM(model=model, tokenizer=tok, batch_size="auto", device="cpu", max_gen_toks=32)
+    assert m.lm.batch_size == 16 and m._gen_options({"until": "\n\n"}) == (["\n\n"], 32, {})
+    assert m._gen_options({"temperature": 0.7, "max_gen_toks": 5}) == ([], 5, {})  # no do_sample: greedy
+    until, n, sampling = m._gen_options({"do_sample": True, "top_p": 0.9})
+    assert sampling == {"temperature": 1.0, "top_k": None, "top_p": 0.9}
+    with pytest.raises(LMForgeError, match="needs model_args pretrained="):
+        LMForgeLM()
+    with pytest.raises(LMForgeError, match="batch_size must be an integer or 'auto', got 'x'"):
+        LMForgeLM(model=model, tokenizer=tok, batch_size="x")
+
+
+def test_without_lm_eval_the_entry_point_says_how_to_install_it(monkeypatch, capsys):
+    from lmforge.eval import harness
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    assert harness.main(["--model", "lmforge"]) == LMForgeError("").exit_code != 0
+    assert capsys.readouterr().err == "error: lm-eval is not installed: pip install 'lmforge[harness]'\n"
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_command_line_mirrors_lm_eval(runs, tmp_path):
+    run = runs["gpt"][0]
+    cmd = [sys.executable, "-m", "lmforge.eval.harness", "--model", "lmforge", "--model_args", f"pretrained={run}",
+           "--tasks", "lmforge_mc", "--include_path", str(FIXTURES), "--batch_size", "4", "--device", "cpu",
+           "--output_path", str(tmp_path / "out")]  # fmt: skip
+    env = {**__import__("os").environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [results] = list((tmp_path / "out").rglob("results_*.json"))
+    acc = json.loads(results.read_text())["results"]["lmforge_mc"]["acc,none"]
+    lm, docs = LM(runs["gpt"][1], runs["gpt"][2]), read_jsonl("mc.jsonl")
+    right = 0
+    for d in docs:
+        lls = [lp for lp, _ in lm.loglikelihood([(d["question"], " " + c) for c in d["choices"]])]
+        right += int(max(range(len(lls)), key=lls.__getitem__) == d["answer"])
+    assert acc == pytest.approx(right / len(docs)) and "|lmforge_mc|" in r.stdout
