@@ -155,3 +155,19 @@ def test_errors_beyond_the_sniffed_head(tmp_path: Path) -> None:
     nul = tmp_path / "late_nul.txt"
     nul.write_bytes(b"plain text. " * 10_000 + b"\x00")
     assert _error([nul]) == f"{nul}: binary file (contains NUL bytes; text must be UTF-8)"
+
+
+def test_a_large_text_file_is_a_corpus_of_paragraph_documents(tmp_path):
+    from lmforge.data.readers import DOC_CHARS, split_text
+
+    para = "It was a dark and stormy night; the rain fell in torrents. " * 40  # ~2.4k characters
+    text = "\n\n".join(f"{i}. {para}" for i in range(60))  # ~150k characters, 60 paragraphs
+    (tmp_path / "novel.txt").write_text(text, encoding="utf-8")
+    docs = list(read_documents([tmp_path / "novel.txt"]))
+    assert len(docs) > 4 and all(len(d) <= DOC_CHARS for d in docs)
+    assert "\n\n".join(docs) == text  # whole paragraphs, in order, nothing lost
+    assert all(d.split(". ", 1)[0].isdigit() for d in docs)  # each document starts at a paragraph
+    # A paragraph longer than the limit is cut at line ends, a line longer than the limit at the limit.
+    assert [len(d) for d in split_text("a" * 25, limit=10)] == [10, 10, 5]
+    assert split_text("ab\ncd\nef", limit=5) == ["ab\ncd", "ef"]
+    assert split_text("short text", limit=100) == ["short text"]

@@ -146,6 +146,9 @@ FIELD_CHANGES = [
     ("final_norm", "gpt-tiny", False),
     ("embedding_norm", "gpt-tiny", True),
     ("activation", "gpt-tiny", "relu"),
+    ("qk_norm", "gpt-tiny", True),
+    ("logit_softcap", "gpt-tiny", 1.0),
+    ("zero_init_proj", "gpt-tiny", True),
     ("position", "gpt-tiny", "alibi"),
     ("position_offset", "gpt-tiny", 2),
     ("rope_base", "llama-tiny", 100.0),
@@ -218,6 +221,10 @@ def test_every_field_changes_the_model(field, preset, value):
     if field == "init_std":
         assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
         assert b["tok_emb.weight"].std() > 2 * a["tok_emb.weight"].std()
+        return
+    if field == "zero_init_proj":  # an initialisation: the residual projections start at zero
+        for k in ("decoder.blocks.0.attn.o.weight", "decoder.blocks.1.mlp.down.weight"):
+            assert b[k].abs().max() == 0 < a[k].abs().max()
         return
     if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a) or base.num_params() != changed.num_params():
         return

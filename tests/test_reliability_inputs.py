@@ -438,7 +438,8 @@ def test_a_new_lr_given_on_resume_is_applied_from_the_resumed_step(prepared, tmp
     rc, _, err = cli(capsys, "pretrain", f"--run.dir={run}", "--resume", "--train.max_steps=6", "--train.lr=2.5e-4")
     assert rc == 0, err
     lrs = {r["step"]: r["lr"] for r in train_rows(run) if "lr" in r}
-    assert [lrs[s] for s in range(1, 7)] == [5e-4, 1e-3, 1e-3, 1e-3, 2.5e-4, 2.5e-4]  # warmup 2, then the peak
+    # The logged lr is the next step's: warmup (2 steps) ends at step 1; from step 5 on, the new peak.
+    assert [lrs[s] for s in range(1, 7)] == [1e-3, 1e-3, 1e-3, 1e-3, 2.5e-4, 2.5e-4]
     saved = json.loads(json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())))
     assert saved["train"]["lr"] == 2.5e-4 and saved["train"]["max_steps"] == 6
 

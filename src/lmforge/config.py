@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
-from lmforge.config_types import NonNegFloat, NonNegInt, PosInt, Range
+from lmforge.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.sections import LoopConfig, OptimConfig, RunConfig
@@ -70,6 +70,8 @@ class TrainConfig(LoopConfig, OptimConfig):
     """Tokens per training sequence (at most the model's max_seq_len)."""
     eval_batches: PosInt = 20
     """Validation batches per evaluation."""
+    target_loss: PosFloat | None = None
+    """Stop at the first evaluation whose validation loss is at or below this (time-to-loss runs)."""
 
 
 @dataclass

@@ -44,3 +44,8 @@ def status(message: str) -> None:
     """One status line on stderr (what is happening now), unless quiet."""
     if not is_quiet():
         print(message, file=sys.stderr, flush=True)
+
+
+def terminal_progress() -> bool:
+    """Whether a library's own progress bar (e.g. tokenizer training's) should show: stderr is a terminal, not quiet."""
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) and not is_quiet()

@@ -113,8 +113,12 @@ def _chunks(n_docs: int, docs: list[str]) -> Iterator[range]:
 
 
 def _tokenize_into(docs: list[str], is_val: np.ndarray, tokenizer: TokenizerLike, writers: dict) -> None:
+    from lmforge.progress import progress
+
     eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)  # type: ignore[arg-type]
+    bar = progress(total=sum(len(d) for d in docs), desc="tokenizing", unit="char", unit_scale=True)
     for rows in _chunks(len(docs), docs):
+        bar.update(sum(len(docs[i]) for i in rows))
         ids = tokenizer.encode_batch([docs[i] for i in rows])
         for split, writer in writers.items():
             pick = [j for j, i in enumerate(rows) if is_val[i] == (split == "val")]
@@ -126,6 +130,7 @@ def _tokenize_into(docs: list[str], is_val: np.ndarray, tokenizer: TokenizerLike
                 raise LMForgeError(f"tokenizer produced id {bad}, outside its vocab_size {vocab}")
             n_bytes = sum(len(docs[rows[j]].encode("utf-8")) for j in pick)
             writer.write(tokens, lengths, n_bytes)
+    bar.close()
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

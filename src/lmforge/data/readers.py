@@ -120,6 +120,52 @@ def resolve_files(paths: Sequence[Path | str]) -> list[Path]:
     return list(dict.fromkeys(files))  # the same file named twice is read once
 
 
+DOC_CHARS = 1 << 15
+"""A .txt file longer than this (32k characters, ~8k tokens) is a corpus, not one document."""
+_BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+
+
+def split_text(text: str, limit: int = DOC_CHARS) -> list[str]:
+    """`text` as documents: itself when it is short, else runs of whole blank-line paragraphs of up to `limit`
+    characters (a paragraph longer than that is cut at line ends, a line longer than that at `limit`), so a single
+    large text file splits into many documents for the train/validation split."""
+    if len(text) <= limit:
+        return [text]
+    docs: list[str] = []
+    current: list[str] = []
+    size = 0
+    for para in _pieces(_BLANK_LINE.split(text), limit, "\n"):
+        if size and size + len(para) > limit:
+            docs.append("\n\n".join(current))
+            current, size = [], 0
+        current.append(para)
+        size += len(para) + 2
+    if current:
+        docs.append("\n\n".join(current))
+    return docs
+
+
+def _pieces(parts: list[str], limit: int, joiner: str) -> Iterator[str]:
+    """The non-blank parts, each longer than `limit` cut into pieces of at most `limit` characters."""
+    for part in parts:
+        if not part.strip():
+            continue
+        if len(part) <= limit:
+            yield part
+        elif joiner:  # a long paragraph: whole lines, then hard cuts
+            lines = list(_pieces(part.split(joiner), limit, ""))
+            chunk: list[str] = []
+            for line in lines:
+                if chunk and sum(map(len, chunk)) + len(chunk) + len(line) > limit:
+                    yield joiner.join(chunk)
+                    chunk = []
+                chunk.append(line)
+            if chunk:
+                yield joiner.join(chunk)
+        else:
+            yield from (part[i : i + limit] for i in range(0, len(part), limit))
+
+
 class DocumentStream(Iterator[str]):
     """An iterator over the documents of some files; counts replaced (non-UTF-8) bytes as it goes."""
 
@@ -155,7 +201,7 @@ class DocumentStream(Iterator[str]):
         check_text(data, path)
         text = self._decode(data).removeprefix("\ufeff")
         if text.strip():
-            yield text
+            yield from split_text(text)
 
     def _jsonl(self, path: Path) -> Iterator[str]:
         try:

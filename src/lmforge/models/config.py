@@ -7,7 +7,7 @@ from typing import Literal
 
 Arch = Literal["decoder", "encoder", "encoder-decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu", "swiglu", "geglu"]
 Position = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "shaw", "xl", "none"]
 MaskKind = Literal["causal", "bidirectional", "prefix"]
 AttnPattern = Literal["dense", "banded", "strided", "fixed"]
@@ -43,6 +43,14 @@ class ModelConfig:
     embedding_norm: bool = False
     """Norm over the summed embeddings (BERT, BART)."""
     activation: Activation = "gelu_tanh"
+    """relu2: ReLU squared (So et al. 2021, Primer), the MLP of fast GPT training recipes."""
+    qk_norm: bool = False
+    """RMS-normalise queries and keys per head before attention (and before rotary positions), with a learned
+    scale (Dehghani et al. 2023): stable attention logits at high learning rates."""
+    logit_softcap: float | None = None
+    """Cap LM-head logits smoothly at ±c: c·tanh(z / c) (Gemma 2; fast GPT training recipes use 30)."""
+    zero_init_proj: bool = False
+    """Initialise the attention output and MLP down projections at zero: every block starts as the identity."""
     position: Position = "learned"
     position_offset: int = 0
     """Index shift of learned positions (BART's learned positions start at row 2)."""
@@ -188,6 +196,8 @@ class ModelConfig:
             )
         if self.nsp_head and not self.pooler:
             raise LMForgeError("model.nsp_head classifies the pooled first token: it needs model.pooler=true")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise LMForgeError(f"model.logit_softcap must be positive or null, got {self.logit_softcap}")
         if self.position_offset < 0:
             raise LMForgeError(f"model.position_offset must be >= 0, got {self.position_offset}")
         self._validate_mtp()

@@ -42,6 +42,22 @@ LLAMA = dict(
     tie_embeddings=False,
 )
 
+# Fast GPT training (the modded-nanoGPT speedrun's architecture changes): rotary positions, QK-norm, ReLU², RMSNorm,
+# no biases, an untied head with soft-capped logits, zero-initialised output projections (trained with Muon).
+GPT_FAST = dict(
+    arch="decoder",
+    norm="rmsnorm",
+    norm_position="pre",
+    final_norm=True,
+    activation="relu2",
+    position="rope",
+    qk_norm=True,
+    bias=False,
+    tie_embeddings=False,
+    logit_softcap=30.0,
+    zero_init_proj=True,
+)
+
 # Transformer-XL (Dai et al. 2019 §3; the released PyTorch code's defaults): post-LN, ReLU FFN, relative attention
 # with sinusoidal R, u/v biases and segment-level memory, no biases in the attention projections, embeddings scaled
 # by sqrt(d_model), tied output matrix. (The paper's adaptive input/softmax is left out: lmforge's subword

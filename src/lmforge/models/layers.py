@@ -47,6 +47,8 @@ def activation_fn(name: str):
         return F.silu
     if name == "relu":
         return F.relu
+    if name == "relu2":
+        return lambda x: F.relu(x).square()
     raise ValueError(f"unknown activation {name}")
 
 
@@ -129,6 +131,8 @@ class Attention(nn.Module):
             # One fused projection: a single matmul for q, k and v.
             self.qkv = nn.Linear(cfg.d_model, q_dim + 2 * kv_dim, bias=bias)
         self.o = nn.Linear(q_dim, cfg.d_model, bias=bias)
+        if cfg.qk_norm and not cross:
+            self.q_norm, self.k_norm = RMSNorm(self.hd, cfg.norm_eps), RMSNorm(self.hd, cfg.norm_eps)
         self.scale = 1.0 / math.sqrt(self.hd) if cfg.scale_attention else 1.0
         self.attn_dropout = cfg.attn_dropout
         self.rope = RotaryEmbedding(self.hd, base=cfg.rope_base) if cfg.position == "rope" and not cross else None
@@ -163,6 +167,8 @@ class Attention(nn.Module):
         else:
             q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
             q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv), self._heads(v, self.n_kv)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
             if self.rope is not None:
                 q, k = self.rope(q, k, inp.positions)
             if inp.cache is not None:

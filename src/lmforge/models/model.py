@@ -118,7 +118,10 @@ class Transformer(nn.Module):
         for name, p in root.named_parameters():
             # GPT-2 §2.3: scale residual-path projections by 1/sqrt(N) at init, N = number of residual layers.
             if name.endswith(("attn.o.weight", "mlp.down.weight")):
-                nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+                if cfg.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
             # Unscaled attention (T5) folds 1/sqrt(head_dim) into the query initialisation instead (Mesh TF).
             if not cfg.scale_attention and name.endswith(("attn.qkv.weight", "cross_attn.q.weight")):
                 p[:q_dim].mul_(cfg.dim_head**-0.5)
@@ -169,7 +172,10 @@ class Transformer(nn.Module):
             h = self.head_norm(activation_fn(cfg.activation)(self.head_dense(h)))
         if cfg.scale_tied_logits:
             h = h * cfg.d_model**-0.5
-        return self.lm_head(h)
+        logits = self.lm_head(h)
+        if cfg.logit_softcap:
+            logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
+        return logits
 
     def _positions(self, input_ids: Tensor, cache: KVCache | None, position_ids: Tensor | None) -> Tensor:
         if position_ids is not None:

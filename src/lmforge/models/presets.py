@@ -43,6 +43,10 @@ preset("gpt2-774m", F.GPT2, d_model=1280, n_layers=36, n_heads=20, d_ff=5120, **
 # Small sizes for CPU runs: `gpt-tiny` for tests, `gpt-mini` for the README demo.
 preset("gpt-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 preset("gpt-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=256)
+# GPT-2 small's shape with the fast-training architecture (recipe gpt-fast); the vocabulary padded to 50304 (a
+# multiple of 128) for GPT-2's tokenizer, as nanoGPT does.
+preset("gpt-fast-124m", F.GPT_FAST, vocab_size=50304, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=1024)
+preset("gpt-fast-tiny", F.GPT_FAST, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 # Single-GPU study size (~30M parameters with a 16k vocabulary), paired with `roberta-small`.
 preset("gpt-small", F.GPT2, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512)
 

@@ -66,7 +66,7 @@ def lm_head_loss(model: nn.Module, h: Tensor, labels: Tensor) -> Tensor:
     (BERT, T5, BART) go through `model.logits`. Softmax statistics are float32 whatever the logits' dtype."""
     core = unwrap_model(model)
     cfg = core.config
-    if cfg.lm_head_transform or cfg.lm_head_bias or cfg.scale_tied_logits:
+    if cfg.lm_head_transform or cfg.lm_head_bias or cfg.scale_tied_logits or cfg.logit_softcap:
         logits = core.logits(h)
     else:
         logits = aligned_head_logits(h, core.lm_head.weight)

@@ -162,10 +162,15 @@ class Task:
         model.eval()
         device = next(model.parameters()).device
         preds: list = []
+        from lmforge.progress import progress
+
+        feats = self.features(dataset)
         try:
-            for chunk in batches(self.features(dataset), batch_size):
-                batch = {k: v.to(device) for k, v in collate(chunk, self.pad_id).items()}
-                preds += self.predict(model, batch, chunk)
+            with progress(total=len(feats), desc="evaluating", unit="ex") as bar:
+                for chunk in batches(feats, batch_size):
+                    batch = {k: v.to(device) for k, v in collate(chunk, self.pad_id).items()}
+                    preds += self.predict(model, batch, chunk)
+                    bar.update(len(chunk))
         finally:
             model.train(training)
         return preds

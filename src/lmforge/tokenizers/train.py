@@ -19,7 +19,7 @@ def train_tokenizer(
     vocab_size: int,
     family: Family | None = None,
     min_frequency: int = 2,
-    show_progress: bool = False,
+    show_progress: bool | None = None,
 ) -> Tokenizer:
     """Learn a ``vocab_size``-token vocabulary (special tokens included) from ``texts``.
 
@@ -27,6 +27,10 @@ def train_tokenizer(
     (bpe -> gpt, wordpiece -> bert, unigram -> t5). ``min_frequency`` is the least count a merge
     needs (BPE and WordPiece; Unigram prunes by likelihood instead).
     """
+    if show_progress is None:  # the trainer's own bar, on a terminal unless quiet
+        from lmforge.progress import terminal_progress
+
+        show_progress = terminal_progress()
     family = family or DEFAULT_FAMILY.get(kind)  # type: ignore[assignment]
     _check_args(kind, vocab_size, family, min_frequency)
     spec = SPECS[family] if kind == "bpe" else SPECS[family].with_unk()

@@ -137,7 +137,7 @@ class FineTuner:
         if self.resume_from is not None:
             self.loop.restore(self.resume_from)
             if d.is_main:
-                status(f"resumed from {self.resume_from} at step {self.loop.step}")
+                print(f"resumed from {self.resume_from} at step {self.loop.step}", file=sys.stderr)
         self.log = MetricsLogger(self.run_dir, resume_step=self.loop.step, sinks=t.log_to) if d.is_main else None
         self.loop.log = self.log
         if d.is_main:

@@ -27,7 +27,7 @@ from lmforge.objectives.base import LossOutput
 from lmforge.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.distributed import DistInfo, barrier
+from lmforge.train.distributed import DistInfo, barrier, broadcast_object
 from lmforge.train.metrics import MetricsLogger, Progress, Throughput, plot_metrics
 from lmforge.train.optim import Schedule, build_optimizer
 from lmforge.train.prefetch import Batch, BatchSource, Prefetcher
@@ -79,6 +79,8 @@ class LoopSpec:
     resume_hint: str = ""
     """The command that continues the run, for the stop message."""
     progress_every: int = 1
+    stop_when: Callable[[dict[str, float]], bool] | None = None
+    """Ends the run (with a checkpoint) at the first evaluation whose metrics it accepts (time-to-loss runs)."""
 
 
 @dataclass
@@ -129,6 +131,7 @@ class Loop:
         self.pending = _Pending()
         self.parts: dict[str, Any] = {}
         self.last_eval: dict[str, float] = {}
+        self.done_early = False
 
     # --- resume -------------------------------------------------------------------------------------------------
 
@@ -291,6 +294,8 @@ class Loop:
             metrics = self.spec.evaluate(self.step)
         self.model.train()
         self.last_eval = metrics
+        if self.spec.stop_when is not None:  # every rank decides alike: each evaluates, or all see rank 0's
+            self.done_early = bool(broadcast_object(bool(metrics) and self.spec.stop_when(metrics), self.dist))
         if not self.dist.is_main or not metrics:
             return
         extra = self.spec.eval_fields(self.step) if self.spec.eval_fields else {}
@@ -355,7 +360,7 @@ class Loop:
                     with self.clock.paused():
                         if evaluate:
                             self._evaluate()
-                        if save or signum:
+                        if save or signum or self.done_early:
                             self.save()
                     if signum:
                         raise Stopped(
@@ -363,6 +368,8 @@ class Loop:
                             f"{self.run_dir / ckpt.CHECKPOINTS_DIR / f'step_{self.step}'}; continue with "
                             f"{s.resume_hint or '--resume'}", signum,
                         )  # fmt: skip
+                    if self.done_early:
+                        break
                 self._log_train(*self._read())
         finally:
             self.batches.close()

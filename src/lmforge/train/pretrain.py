@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -104,6 +105,7 @@ class Pretraining:
             flops_per_token=model_flops_per_token(cfg.model, *self.objective.lengths(t.seq_len)),
             peak_flops=peak_flops(self.device, torch.bfloat16 if t.precision != "fp32" else torch.float32),
             resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
+            stop_when=(lambda m: m["val_loss"] <= t.target_loss) if t.target_loss is not None else None,
         )
         self.loop = Loop(
             self.raw_model, self.objective.loss, batches, t, self.run_dir, spec, dist=d, device=self.device,
@@ -111,11 +113,12 @@ class Pretraining:
         )  # fmt: skip
         if self.resume_from is not None:
             self.loop.restore(self.resume_from, lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank)))
-            if d.is_main:
+            if d.is_main:  # always said, also with --quiet: where a run continued belongs in its log
                 pos = self.loop.batches.state_dict()["loader"]
-                status(
+                print(
                     f"resumed from {self.resume_from} at step {self.loop.step} "
-                    f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})"
+                    f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})",
+                    file=sys.stderr,
                 )
         # Lines an interrupted attempt logged after its checkpoint (or before any checkpoint) are dropped.
         self.log = MetricsLogger(self.run_dir, resume_step=self.loop.step, sinks=t.log_to) if d.is_main else None

@@ -1,0 +1,209 @@
+"""What users run, timed: `lmforge pretrain` end to end (the CLI's process, real prepared data) beside the step-only
+figure of `bench/run.py` for the same model and batch, and optionally beside nanoGPT's `train.py` loop on the same
+data (a local checkout of karpathy/nanoGPT, never part of this repository).
+
+From the repository root, on a prepared GPT-2-BPE corpus (`lmforge data prepare ... --tokenizer gpt2`):
+
+    PYTHONPATH=src python bench/train_e2e.py --data DIR --tokenizer gpt2 --models gpt2 --steps 300
+    PYTHONPATH=src python bench/train_e2e.py --data DIR --tokenizer gpt2 --nanogpt ~/nanoGPT --time-to-loss
+
+Throughput of a CLI run is read from its own metrics.jsonl (tokens/s of each logged interval, the first ones —
+compilation, warmup — left out). Time to loss: nanoGPT's recipe for 1,200 steps of 16×1024 tokens, then the
+`gpt-fast` recipe until its validation loss reaches nanoGPT's; both final models are scored on the same validation
+windows, and both wall times are whole processes (start-up, compilation, evaluation included)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+sys.path.append(str(_HERE.parent / "src"))
+
+from model_table import BENCH_MODELS, require_available  # noqa: E402
+
+# Each bench model → the recipe the CLI trains it with (the objective bench/run.py's loss stands for).
+RECIPES = {"gpt2": ("gpt", "gpt2-124m"), "bert": ("bert", "bert-base"), "roberta": ("roberta", "roberta-base"),
+           "t5": ("t5", "t5-base")}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="a prepared data dir (lmforge data prepare)")
+    p.add_argument("--tokenizer", required=True, help="the tokenizer the data was prepared with (path or gpt2)")
+    p.add_argument("--models", nargs="*", default=["gpt2"], choices=sorted(RECIPES))
+    p.add_argument("--batch", type=int, help="default: per model (bench/run.py's)")
+    p.add_argument("--seq", type=int, help="default: per model (bench/run.py's)")
+    p.add_argument("--steps", type=int, default=200, help="CLI steps per model")
+    p.add_argument("--compile", choices=["on", "off"], default="on")
+    p.add_argument("--nanogpt", type=Path, help="a local nanoGPT checkout: run its train.py on the same data")
+    p.add_argument("--time-to-loss", action="store_true", help="gpt-fast vs nanoGPT's 1,200-step loss")
+    p.add_argument("--fast-steps", type=int, default=1200, help="gpt-fast's step limit in --time-to-loss")
+    p.add_argument("--out", type=Path, help="results JSON (default: $OUT/train_e2e.json or bench/results/)")
+    return p.parse_args(argv)
+
+
+def _cli(args: list[str], log: Path) -> float:
+    """Run `lmforge ...` in a subprocess (its output to `log`); wall seconds."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"lmforge {' '.join(args[:2])} failed (exit {rc}); see {log}")
+    return time.perf_counter() - t0
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def cli_throughput(name: str, a, work: Path) -> dict:
+    """Tokens/s of `lmforge pretrain` on the prepared data: median of the logged intervals after the first 3."""
+    recipe, preset = RECIPES[name]
+    spec = BENCH_MODELS[name] if name in BENCH_MODELS else None
+    batch, seq = a.batch or (spec.batch if spec else 16), a.seq or (spec.seq_len if spec else 1024)
+    run = work / f"cli-{name}"
+    over = [f"--model.preset={preset}", f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}",
+            f"--train.batch_size={batch}", f"--train.seq_len={seq}", f"--train.max_steps={a.steps}",
+            f"--model.max_seq_len={max(seq, 128)}", "--train.log_every=10", f"--train.eval_every={a.steps}",
+            f"--train.save_every={a.steps}", "--train.eval_batches=2", "--sample.prompts=[]",
+            f"--run.dir={run}", "--train.compile" if a.compile == "on" else "--train.compile=false"]  # fmt: skip
+    if name == "t5":
+        over.append("--objective.style=span")
+    wall = _cli(["pretrain", recipe, *over], work / f"cli-{name}.log")
+    rates = [r["tokens_per_s"] for r in _rows(run) if "tokens_per_s" in r][3:]
+    return {"model": name, "preset": preset, "batch": batch, "seq": seq, "steps": a.steps, "wall_s": wall,
+            "cli_tokens_per_s": statistics.median(rates) if rates else None}  # fmt: skip
+
+
+def step_throughput(name: str, a) -> dict:
+    """bench/run.py's step-only tokens/s of the lmforge model, same preset, batch and compile."""
+    import run as bench_run  # bench/run.py
+
+    argv = ["--models", name, "--impls", "lmforge", "--compile", a.compile, "--steps", "20", "--warmup", "5"]
+    argv += [f"--batch={a.batch}"] if a.batch else []
+    argv += [f"--seq={a.seq}"] if a.seq else []
+    if name not in BENCH_MODELS:
+        return {}
+    args = bench_run.parse_args(argv)
+    cfg = require_available(name, BENCH_MODELS[name], args.preset)
+    rows = bench_run.bench_model(name, args)
+    ok = [r for r in rows if not r.get("error")]
+    return {"step_tokens_per_s": ok[-1]["tokens_per_s"] if ok else None, "step_preset": cfg.name}
+
+
+# --- nanoGPT and time to loss -------------------------------------------------------------------------------------
+
+
+def nanogpt_run(a, work: Path, steps: int = 1200) -> dict:
+    """nanoGPT's train.py with its own recipe (model, optimizer, schedule) at batch 16 × 1024, one accumulation
+    step, on our prepared train.bin/val.bin (the same uint16 GPT-2-BPE format)."""
+    wd = work / "nanogpt"
+    (wd / "data").mkdir(parents=True, exist_ok=True)
+    link = wd / "data" / "lmforge"
+    if not link.exists():
+        link.symlink_to(a.data.resolve())
+    for f in ("configurator.py",):
+        if not (wd / f).exists():
+            (wd / f).symlink_to((a.nanogpt / f).resolve())
+    args = ["--dataset=lmforge", "--batch_size=16", "--block_size=1024", "--gradient_accumulation_steps=1",
+            f"--max_iters={steps}", f"--eval_interval={steps}", "--eval_iters=20", "--log_interval=50",
+            "--compile=True", f"--out_dir={wd / 'out'}", "--always_save_checkpoint=True"]  # fmt: skip
+    t0 = time.perf_counter()
+    with open(work / "nanogpt.log", "w") as f:
+        rc = subprocess.run([sys.executable, str(a.nanogpt / "train.py"), *args], cwd=wd, stdout=f,
+                            stderr=subprocess.STDOUT).returncode  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"nanoGPT train.py failed (exit {rc}); see {work / 'nanogpt.log'}")
+    return {"wall_s": time.perf_counter() - t0, "ckpt": str(wd / "out" / "ckpt.pt"), "steps": steps}
+
+
+@torch.no_grad()
+def nanogpt_val_loss(a, ckpt: Path, windows: list[torch.Tensor]) -> float:
+    """nanoGPT's final model (its own model.py) scored on the validation windows lmforge scores."""
+    sys.path.insert(0, str(a.nanogpt.resolve()))
+    from model import GPT, GPTConfig  # nanoGPT's
+
+    state = torch.load(ckpt, map_location="cuda", weights_only=True)
+    model = GPT(GPTConfig(**state["model_args"])).cuda().eval()
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
+    total, n = 0.0, 0
+    for w in windows:
+        w = w.cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, _ = model(w[:, :-1], w[:, 1:])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(), reduction="sum")
+        total, n = total + float(loss), n + w[:, 1:].numel()
+    return total / n
+
+
+@torch.no_grad()
+def lmforge_val_loss(run: Path, windows: list[torch.Tensor]) -> float:
+    from lmforge import load
+    from lmforge.objectives.losses import lm_head_loss
+
+    model, _ = load(run, device="cuda")
+    total, n = 0.0, 0
+    for w in windows:
+        w = w.cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = model(w[:, :-1], return_logits=False).last_hidden_state
+            total += float(lm_head_loss(model, h, w[:, 1:])) * w[:, 1:].numel()
+        n += w[:, 1:].numel()
+    return total / n
+
+
+def time_to_loss(a, work: Path) -> dict:
+    from lmforge.data import TokenLoader
+
+    windows = list(TokenLoader(a.data, "val", seq_len=1024, batch_size=16).eval_batches(20))
+    nano = nanogpt_run(a, work)
+    nano["val_loss"] = nanogpt_val_loss(a, Path(nano["ckpt"]), windows)
+    run = work / "gpt-fast"
+    over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
+            f"--train.target_loss={nano['val_loss']:.4f}", f"--train.max_steps={a.fast_steps}",
+            "--sample.prompts=[]", "--train.compile"]  # fmt: skip
+    wall = _cli(["pretrain", "gpt-fast", *over], work / "gpt-fast.log")
+    evals = [r for r in _rows(run) if "val_loss" in r]
+    fast = {"wall_s": wall, "steps": evals[-1]["step"], "val_loss_own_eval": evals[-1]["val_loss"],
+            "val_loss": lmforge_val_loss(run, windows)}  # fmt: skip
+    return {"nanogpt": nano, "gpt_fast": fast, "time_ratio": wall / nano["wall_s"],
+            "reached": fast["val_loss"] <= nano["val_loss"]}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    out = a.out or Path(os.environ.get("OUT", _HERE / "results")) / "train_e2e.json"
+    results: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                     "torch": torch.__version__, "models": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="lmforge-e2e-") as tmp:
+        work = Path(tmp)
+        for name in a.models:
+            row = cli_throughput(name, a, work) | step_throughput(name, a)
+            if row.get("cli_tokens_per_s") and row.get("step_tokens_per_s"):
+                row["cli_over_step"] = row["cli_tokens_per_s"] / row["step_tokens_per_s"]
+            print(json.dumps(row), flush=True)
+            results["models"].append(row)
+        if a.time_to_loss:
+            if a.nanogpt is None:
+                raise SystemExit("--time-to-loss needs --nanogpt DIR")
+            results["time_to_loss"] = time_to_loss(a, work)
+            print(json.dumps(results["time_to_loss"]), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
