@@ -158,10 +158,12 @@ class Transformer(nn.Module):
         return torch.arange(offset, n, device=input_ids.device)
 
     def encode(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
-    ) -> Tensor:
-        """Encoder hidden states (B, T, d_model)."""
-        pos = self._positions(input_ids, None, None)
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        """Encoder hidden states (B, T, d_model). position_ids (T,) or (B, T): each token's position when the
+        input is not the contiguous 0..T-1 (MAE-LM's encoder sees the unmasked tokens at their own positions)."""
+        pos = self._positions(input_ids, None, position_ids)
         return self.encoder(self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask)
 
     def forward(
@@ -199,7 +201,7 @@ class Transformer(nn.Module):
             cache = KVCache(cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers)
         enc = pooled = None
         if cfg.arch == "encoder":
-            h = self.encode(input_ids, attention_mask, token_type_ids)
+            h = self.encode(input_ids, attention_mask, token_type_ids, position_ids)
         elif cfg.arch == "decoder":
             pos = self._positions(input_ids, cache, position_ids)
             h = self.decoder(

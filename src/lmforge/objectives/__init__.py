@@ -1,6 +1,17 @@
 """Pretraining objectives: one file each, registered in OBJECTIVES."""
 
-from lmforge.objectives import bart, causal_lm, electra, mlm, mtp, nsp, prefix_lm, spanbert, t5  # noqa: F401  (registers)
+from lmforge.objectives import (  # noqa: F401  (registers)
+    bart,
+    causal_lm,
+    electra,
+    mae_lm,
+    mlm,
+    mtp,
+    nsp,
+    prefix_lm,
+    spanbert,
+    t5,
+)
 from lmforge.objectives.base import LossOutput, Objective
 from lmforge.registry import OBJECTIVES
 
