@@ -168,7 +168,9 @@ class MAELM(MaskedObjective):
         keep = real & ~selected  # (B, T)
         n_keep = keep.sum(1)  # (B,)
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept positions first, in order
-        width = max(1, int(n_keep.max()))
+        # Padded to a multiple of 8: packed windows then give one encoder length (one compiled graph, aligned
+        # tensor-core shapes) although the number of masked tokens varies by one between rows.
+        width = min(ids.shape[1], -(-max(1, int(n_keep.max())) // 8) * 8)
         positions = order[:, :width]  # (B, T')
         enc_mask = torch.arange(width)[None, :] < n_keep[:, None]
         out = {
