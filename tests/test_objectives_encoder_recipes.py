@@ -72,6 +72,10 @@ def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path):
         assert any(k.startswith("sbo.") for k in saved)
         assert {"mlm_acc", "mlm_loss", "sbo_loss"} <= set([r for r in rows if "loss" in r][-1])  # logged per step
         assert torch.equal(model.encoder.blocks[0].attn.qkv.weight, saved["backbone.encoder.blocks.0.attn.qkv.weight"])
+    if recipe in ("bert", "albert"):  # the sentence-pair classifier's numbers carry its task's name
+        task, other = ("nsp", "sop") if recipe == "bert" else ("sop", "nsp")
+        last = [r for r in rows if "loss" in r][-1]
+        assert {f"{task}_loss", f"{task}_acc"} <= set(last) and f"{other}_loss" not in last
     if recipe == "bert":
         model, tok = load(run)
         assert model.config.nsp_head and model(torch.tensor([[2, 40, 41, 3, 42, 3]])).nsp_logits.shape == (1, 2)

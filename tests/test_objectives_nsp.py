@@ -99,7 +99,7 @@ def test_pairs_layout_labels_and_sources(data, tok):
 
 
 def test_sentence_order_pairs(data, tok):
-    loader = pair_loader(data, tok, order=True)
+    loader = pair_loader(data, tok, task="sop")
     stream = Stream(data)
     labels = []
     for _ in range(10):
@@ -205,13 +205,38 @@ def test_bert_objective_masks_pairs_and_overfits(data, tok, one_thread):  # noqa
     assert obj.loss(model, batch).metrics["nsp_acc"] == 1.0
 
 
+def test_albert_objective_logs_sentence_order_under_its_own_names(data, tok, one_thread):  # noqa: F811
+    cfg = load_config(None, ["--objective.name=albert", f"--train.seq_len={T}", "--train.batch_size=8"])
+    obj = OBJECTIVES.get("albert")(cfg, tok)
+    assert obj.options.sentence_task == "sop"
+    with pytest.raises(LMForgeError, match="trains a sentence-order classifier: the model needs model.pooler=true"):
+        obj.build_model(tiny_encoder(tok.vocab_size))
+    loader = obj.make_loader(data, "train")
+    assert loader.task == "sop"
+    stream = Stream(data)
+    raw = next(loader)
+    for r in range(8):  # SOP pairs: both segments come from one chunk, swapped for the negatives
+        a, b = segments(tok, raw["input_ids"][r])
+        assert stream.find(b + a if raw["sentence_label"][r] else a + b) >= 0
+    model = obj.build_model(tiny_encoder(tok.vocab_size, pooler=True, nsp_head=True, max_seq_len=T))
+    torch.manual_seed(0)
+    out = obj.loss(model, obj.transform(raw))
+    assert set(out.metrics) == {"mlm_loss", "mlm_acc", "sop_loss", "sop_acc"}
+    assert abs(float(out.loss.detach()) - out.metrics["mlm_loss"] - out.metrics["sop_loss"]) < 1e-4
+    # BERT with sentence_task=sop is the same objective; its numbers carry the SOP names too.
+    bert_sop = load_config(None, ["--objective.name=bert", "--objective.sentence_task=sop", f"--train.seq_len={T}"])
+    assert OBJECTIVES.get("bert")(bert_sop, tok).make_loader(data, "train").task == "sop"
+    with pytest.raises(LMForgeError, match="objective.sentence_task"):
+        load_config(None, ["--objective.name=bert", "--objective.sentence_task=order"])
+
+
 def test_nsp_needs_two_documents(tok, tmp_path):
     one_doc = prepared(tmp_path / "a", tok, n_docs=2, val_fraction=0.5)
     with pytest.raises(
         LMForgeError, match="split has fewer than 2 documents, and NSP draws NotNext segments from other documents"
     ):
         pair_loader(one_doc, tok, batch_size=1)
-    assert pair_loader(one_doc, tok, batch_size=1, order=True).n_examples > 10  # SOP needs no other document
+    assert pair_loader(one_doc, tok, batch_size=1, task="sop").n_examples > 10  # SOP needs no other document
 
 
 @pytest.mark.parametrize(

@@ -168,8 +168,10 @@ def test_superglue_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(LMForgeError, match=r":1: COPA question 'reason' is not 'cause' or 'effect'$"):
         read_superglue("copa", tmp_path, "train")
-    with pytest.raises(LMForgeError, match=r"^unknown SuperGLUE task 'wsc' \(known: boolq, cb, copa, rte\)$"):
-        read_superglue("wsc", tmp_path, "train")
+    with pytest.raises(
+        LMForgeError, match=r"^unknown SuperGLUE task 'wic' \(known: boolq, cb, copa, rte, wsc, wscchoice\)$"
+    ):
+        read_superglue("wic", tmp_path, "train")
 
 
 def test_glue_metrics_per_task() -> None:

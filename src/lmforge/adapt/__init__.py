@@ -2,14 +2,12 @@
 prompt tuning, top-k layer fine-tuning. `apply_peft(model, method, options)` is the one entry point; each method
 is an `ADAPTERS` registration with its own typed options."""
 
+from lmforge.adapt.adamix import AdaMixOptions, MixtureAdapter, apply_adamix, merge_adamix, symmetric_kl
 from lmforge.adapt.bottleneck import (
-    AdaMixOptions,
     AdapterLayer,
     BottleneckAdapter,
     HoulsbyOptions,
-    MixtureAdapter,
     PfeifferOptions,
-    apply_adamix,
     apply_houlsby,
     apply_pfeiffer,
 )
@@ -59,10 +57,12 @@ __all__ = [
     "bake_prefix",
     "load_adapter",
     "matches",
+    "merge_adamix",
     "merge_and_unload",
     "merge_lora",
     "read_adapter_config",
     "save_adapter",
+    "symmetric_kl",
     "trainable_parameters",
     "unmerge_lora",
 ]

@@ -1,4 +1,4 @@
-"""Bottleneck adapters: Houlsby (two per layer), Pfeiffer (one per layer) and AdaMix (a mixture of them).
+"""Bottleneck adapters: Houlsby (two per layer) and Pfeiffer (one per layer); AdaMix mixes them (adapt/adamix.py).
 
 An adapter maps a sublayer's output h to h + up(act(down(h))) (Houlsby et al. 2019 §2.1), d_model → bottleneck →
 d_model. It wraps the sublayer's output projection (attention's `o`, the MLP's `down`), so it runs after the
@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.adapt.inject import (
@@ -62,15 +60,7 @@ class PfeifferOptions(BottleneckOptions):
     targets: list[str] = field(default_factory=lambda: ["mlp.down"])
 
 
-@dataclass
-class AdaMixOptions(BottleneckOptions):
-    """AdaMix (`peft.method: adamix`, Wang et al. 2022): n_experts Houlsby adapters per site, one random
-    down/up-projection pair per training forward, their averaged weights at inference."""
-
-    n_experts: int = 4
-
-
-def _init_projection(w: Tensor, std: float) -> None:
+def init_projection(w: Tensor, std: float) -> None:
     if std > 0:
         nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
     else:
@@ -85,48 +75,13 @@ class BottleneckAdapter(nn.Module):
         self.down = nn.Linear(d_model, options.bottleneck, device=device, dtype=dtype)
         self.up = nn.Linear(options.bottleneck, d_model, device=device, dtype=dtype)
         self.act = activation_fn(options.activation)
-        _init_projection(self.down.weight, options.init_std)
-        _init_projection(self.up.weight, 0.0 if options.zero_init_up else options.init_std)
+        init_projection(self.down.weight, options.init_std)
+        init_projection(self.up.weight, 0.0 if options.zero_init_up else options.init_std)
         nn.init.zeros_(self.down.bias)
         nn.init.zeros_(self.up.bias)
 
     def forward(self, h: Tensor) -> Tensor:
         return self.up(self.act(self.down(h)))
-
-
-class MixtureAdapter(nn.Module):
-    """AdaMix's adapter experts at one site: E down- and E up-projections.
-
-    Training routes each forward through one random down-projection and one random up-projection, chosen
-    independently (Wang et al. 2022 §3.1, stochastic routing); eval mode uses the experts' averaged weights
-    (§3.3, adaptation merging), so inference costs one adapter and is deterministic."""
-
-    def __init__(self, d_model: int, options: AdaMixOptions, device=None, dtype=None) -> None:
-        super().__init__()
-        E, m = options.n_experts, options.bottleneck
-        kw = dict(device=device, dtype=dtype)
-        self.n_experts = E
-        self.down_weight = nn.Parameter(torch.empty(E, m, d_model, **kw))  # (E, m, d)
-        self.down_bias = nn.Parameter(torch.zeros(E, m, **kw))
-        self.up_weight = nn.Parameter(torch.empty(E, d_model, m, **kw))  # (E, d, m)
-        self.up_bias = nn.Parameter(torch.zeros(E, d_model, **kw))
-        self.act = activation_fn(options.activation)
-        _init_projection(self.down_weight, options.init_std)
-        _init_projection(self.up_weight, 0.0 if options.zero_init_up else options.init_std)
-
-    def expert_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(down W, down b, up W, up b) of this forward: a random expert of each in training, else the mean."""
-        if self.training:
-            i, j = torch.randint(self.n_experts, (2,)).tolist()
-            return self.down_weight[i], self.down_bias[i], self.up_weight[j], self.up_bias[j]
-        return self.down_weight.mean(0), self.down_bias.mean(0), self.up_weight.mean(0), self.up_bias.mean(0)
-
-    def forward(self, h: Tensor) -> Tensor:
-        wd, bd, wu, bu = self.expert_weights()
-        return F.linear(self.act(F.linear(h, wd, bd)), wu, bu)
-
-    def extra_repr(self) -> str:
-        return f"n_experts={self.n_experts}, bottleneck={self.down_weight.shape[1]}"
 
 
 class AdapterLayer(nn.Module):
@@ -141,7 +96,9 @@ class AdapterLayer(nn.Module):
         return h + self.adapter(h)
 
 
-def _apply(model: nn.Module, method: str, o: BottleneckOptions, make) -> nn.Module:
+def apply_bottleneck(model: nn.Module, method: str, o: BottleneckOptions, make) -> nn.Module:
+    """Put `make(d_model, device=, dtype=)` after every target output projection, freeze the rest (but the norms
+    with `train_norms`, the head and `train_also`) and record the method on the model."""
     check_positive(method, bottleneck=o.bottleneck)
     if o.init_std < 0:
         raise LMForgeError(f"{method}.init_std must be >= 0, got {o.init_std}")
@@ -173,17 +130,10 @@ def _apply(model: nn.Module, method: str, o: BottleneckOptions, make) -> nn.Modu
 def apply_houlsby(model: nn.Module, options: HoulsbyOptions | None = None) -> nn.Module:
     """Houlsby adapters after every attention and feed-forward sublayer; the rest frozen (+ norms, head)."""
     o = options or HoulsbyOptions()
-    return _apply(model, "houlsby", o, lambda d, **kw: BottleneckAdapter(d, o, **kw))
+    return apply_bottleneck(model, "houlsby", o, lambda d, **kw: BottleneckAdapter(d, o, **kw))
 
 
 def apply_pfeiffer(model: nn.Module, options: PfeifferOptions | None = None) -> nn.Module:
     """One adapter after every feed-forward sublayer; the rest frozen (+ head)."""
     o = options or PfeifferOptions()
-    return _apply(model, "pfeiffer", o, lambda d, **kw: BottleneckAdapter(d, o, **kw))
-
-
-def apply_adamix(model: nn.Module, options: AdaMixOptions | None = None) -> nn.Module:
-    """A mixture of n_experts adapters at every Houlsby site; the rest frozen (+ norms, head)."""
-    o = options or AdaMixOptions()
-    check_positive("adamix", n_experts=o.n_experts)
-    return _apply(model, "adamix", o, lambda d, **kw: MixtureAdapter(d, o, **kw))
+    return apply_bottleneck(model, "pfeiffer", o, lambda d, **kw: BottleneckAdapter(d, o, **kw))

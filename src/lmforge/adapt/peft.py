@@ -17,14 +17,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from lmforge.adapt.bottleneck import (
-    AdaMixOptions,
-    HoulsbyOptions,
-    PfeifferOptions,
-    apply_adamix,
-    apply_houlsby,
-    apply_pfeiffer,
-)
+from lmforge.adapt.adamix import AdaMixOptions, apply_adamix
+from lmforge.adapt.bottleneck import HoulsbyOptions, PfeifferOptions, apply_houlsby, apply_pfeiffer
 from lmforge.adapt.inject import PeftOptions, count_parameters, transformers_in
 from lmforge.adapt.lora import LoRAOptions, apply_lora
 from lmforge.adapt.prefix import PrefixOptions, apply_prefix

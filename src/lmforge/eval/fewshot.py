@@ -3,11 +3,14 @@
 most likely after the prompt or writes an answer (GPT-2-style task prompts, e.g. "TL;DR:" for summaries,
 Radford et al. 2019 §3.6).
 
-Demonstrations are drawn from the train split, k per query, by a generator seeded with `seed`."""
+Demonstrations are drawn from the train split, k per query, by a generator seeded with `seed`. The multiple-choice
+and Winograd methods (eval/zeroshot.py) take them too (`FewShotOptions`, `demonstrations`): a demonstration is a
+solved example, the right answer in place."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,6 +45,29 @@ def sample_demos(train: Dataset | None, k: int, rng: random.Random, exclude: Exa
     if len(pool) < k:
         raise LMForgeError(f"few-shot k={k} needs at least {k} training examples, the train split has {len(pool)}")
     return rng.sample(pool, k)
+
+
+@dataclass
+class FewShotOptions:
+    """In-context demonstrations (Brown et al. 2020 §2): k solved training examples, drawn per query by a
+    generator seeded with `seed` (never the query itself), before each query; k = 0 is zero-shot."""
+
+    k: int = 0
+    seed: int = 0
+    separator: str = "\n\n"
+    """Between demonstrations and the query."""
+
+
+def demonstrations(
+    o: FewShotOptions, splits: dict[str, Dataset], split: str, solve: Callable[[Example], str]
+) -> list[str]:
+    """Per example of `split`: its k solved demonstrations, each followed by the separator ("" when k = 0)."""
+    rng = random.Random(o.seed)
+    out = []
+    for ex in splits[split].examples:
+        demos = sample_demos(splits.get("train"), o.k, rng, ex)
+        out.append("".join(solve(d) + o.separator for d in demos))
+    return out
 
 
 def build_prompt(template: str, demos: list[tuple[Example, str]], query: Example, separator: str = "\n\n") -> str:

@@ -2,10 +2,11 @@
 prompted evaluation (recipes in `recipes/eval/`: a `data` section as fine-tuning has, an `eval` section naming a
 method registered in `EVALS` plus its options).
 
-Methods here: acceptability (CoLA: mean token log-prob above a threshold tuned on train), choice (multiple choice:
-the answer with the highest mean log-prob given the context), winograd (substitute each referent for the blank,
-the most likely sentence wins). Label-word classification (SST-2: "… very" + " positive"/" negative") and prompted
-generation are in `eval/fewshot.py`."""
+Methods here: acceptability (CoLA: mean token log-prob above a threshold tuned on train), choice (multiple choice,
+RACE: the answer with the highest mean log-prob given the context), winograd (WSC, DPR: substitute each referent
+for the pronoun, the most likely sentence or rest of the sentence wins). Choice and winograd also run few-shot
+(`k` solved training examples first). Label-word classification (SST-2: "… very" + " positive"/" negative") and
+prompted generation are in `eval/fewshot.py`."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ import numpy as np
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict, resolve_recipe
 from lmforge.errors import LMForgeError
+from lmforge.eval.fewshot import FewShotOptions, demonstrations
 from lmforge.eval.lm import LM
 from lmforge.registry import EVALS
 from lmforge.tasks.config import FtDataConfig
-from lmforge.tasks.examples import Dataset
-from lmforge.tasks.seq2seq import render
+from lmforge.tasks.examples import Dataset, Example
+from lmforge.tasks.seq2seq import render, template_tail
 
 
 def best_threshold(scores: list[float], positive: list[bool]) -> float:
@@ -89,28 +91,62 @@ class Acceptability:
 
 
 @dataclass
-class ChoiceOptions:
+class ChoiceOptions(FewShotOptions):
     template: str = "{text}"
     """The context; fields {text}, {text_pair}, {context}."""
     choice_prefix: str = " "
     normalize: Literal["mean", "sum"] = "mean"
     """GPT-1 §5: the answer with the highest average token log-probability."""
+    blank: str | None = None
+    """The gap of cloze-style questions (RACE: "_"): when the question holds it, the context ends at the gap and
+    the answer is scored there, what follows the gap is not scored (a solved demonstration fills the gap)."""
+
+
+def _answer(e: Example, where: str) -> str:
+    if not e.choices or not isinstance(e.label, int) or not 0 <= e.label < len(e.choices):
+        raise LMForgeError(f"{where} example {e.id or e.text[:40]!r} has no right choice to demonstrate")
+    return e.choices[e.label]
 
 
 @EVALS.register("choice")
 class Choice:
-    """Multiple choice zero-shot (RACE, Story Cloze, COPA): the most likely answer given the context."""
+    """Multiple choice (RACE, Story Cloze, COPA): the most likely answer given the context (GPT-1 §5 zero-shot;
+    with k > 0, after k solved examples)."""
 
     Options = ChoiceOptions
 
     def __init__(self, options: ChoiceOptions) -> None:
         self.o = options
 
+    def _cloze(self, e: Example) -> bool:
+        return bool(self.o.blank) and self.o.blank in str(e.meta.get("question", e.text))
+
+    def request(self, e: Example, choice: str) -> tuple[str, str]:
+        """(context, continuation) scoring `choice` as the answer to `e`."""
+        rendered = render(self.o.template, e)
+        if self._cloze(e):
+            return rendered.rpartition(self.o.blank)[0], choice
+        return rendered, self.o.choice_prefix + choice
+
+    def solved(self, e: Example) -> str:
+        """A demonstration: the example with its right answer in place."""
+        answer = _answer(e, "choice")
+        if self._cloze(e):
+            head, _, tail = render(self.o.template, e).rpartition(self.o.blank)
+            prompt = template_tail(self.o.template)  # e.g. "\nAnswer:": the gap is the answer here
+            return head + answer + (tail[: -len(prompt)] if prompt and tail.endswith(prompt) else tail)
+        return render(self.o.template, e) + self.o.choice_prefix + answer
+
     def run(self, lm: LM, splits: dict[str, Dataset], split: str) -> dict[str, float]:
         from lmforge.tasks.scoring import score
 
         exs = splits[split].examples
-        reqs = [(render(self.o.template, e), self.o.choice_prefix + c) for e in exs for c in e.choices or []]
+        prefixes = demonstrations(self.o, splits, split, self.solved)
+        reqs = []
+        for e, prefix in zip(exs, prefixes):
+            for c in e.choices or []:
+                ctx, cont = self.request(e, c)
+                reqs.append((prefix + ctx, cont))
         scored = iter(lm.score(reqs))
         preds = []
         for e in exs:
@@ -120,22 +156,26 @@ class Choice:
 
 
 @dataclass
-class WinogradOptions:
+class WinogradOptions(FewShotOptions):
     blank: str = "_"
     """The placeholder in `Example.text` that each of `choices` replaces."""
     scoring: Literal["full", "partial"] = "full"
     """full: log-prob of the whole substituted sentence; partial: of the words after the blank given the
-    substituted start (Trinh & Le 2018)."""
+    substituted start (Trinh & Le 2018; GPT-1 §5 scores "the rest of the sequence after the substitution")."""
 
 
 @EVALS.register("winograd")
 class Winograd:
-    """Winograd schemas: substitute each referent for the pronoun (the blank); the most likely sentence wins."""
+    """Winograd schemas (WSC273, DPR, SuperGLUE WSC): substitute each referent for the pronoun (the blank); the
+    most likely sentence (full) or continuation after the referent (partial) wins."""
 
     Options = WinogradOptions
 
     def __init__(self, options: WinogradOptions) -> None:
         self.o = options
+
+    def solved(self, e: Example) -> str:
+        return e.text.replace(self.o.blank, _answer(e, "winograd"), 1)
 
     def run(self, lm: LM, splits: dict[str, Dataset], split: str) -> dict[str, float]:
         from lmforge.tasks.scoring import score
@@ -144,13 +184,17 @@ class Winograd:
         for e in exs:
             if self.o.blank not in e.text or not e.choices:
                 raise LMForgeError(f"winograd example {e.id or e.text[:40]!r} needs a '{self.o.blank}' and choices")
-        if self.o.scoring == "full":
+        prefixes = demonstrations(self.o, splits, split, self.solved)
+        if self.o.scoring == "full" and self.o.k == 0:
             values = lm.loglikelihood_rolling([e.text.replace(self.o.blank, c, 1) for e in exs for c in e.choices])
         else:
             reqs = []
-            for e in exs:
+            for e, prefix in zip(exs, prefixes):
                 head, tail = e.text.split(self.o.blank, 1)
-                reqs += [(head + c, tail) for c in e.choices]
+                if self.o.scoring == "full":  # the whole substituted sentence, after the demonstrations
+                    reqs += [(prefix, head + c + tail) for c in e.choices]
+                else:
+                    reqs += [(prefix + head + c, tail) for c in e.choices]
             values = [lp for lp, _ in lm.loglikelihood(reqs)]
         it, preds = iter(values), []
         for e in exs:
@@ -203,7 +247,7 @@ def run_prompt_eval(cfg: PromptEvalConfig, model, tokenizer) -> dict[str, float]
     from lmforge.tasks.data import load_splits
 
     _methods_registered()
-    splits = load_splits(cfg.data)
+    splits = load_splits(cfg.data, require_train=False)
     if cfg.split not in splits:
         raise LMForgeError(f"split '{cfg.split}' not found (have: {', '.join(splits)})")
     lm = LM(model, tokenizer, batch_size=cfg.batch_size)

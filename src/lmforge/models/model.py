@@ -196,9 +196,11 @@ class Transformer(nn.Module):
         attn_kind: Tensor | None = None,
         prefix_len: Tensor | None = None,
         hidden_states: list[Tensor] | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         """Encoder hidden states (B, T, d_model); attn_kind and prefix_len as in `forward`; `hidden_states` collects
-        every layer's (see ModelOutput)."""
+        every layer's (see ModelOutput). position_ids (T,) or (B, T): each token's position when the input is not
+        the contiguous 0..T-1 (MAE-LM's encoder sees the unmasked tokens at their own positions)."""
         if self.config.position == "xl":
             out = xl_forward(
                 self.encoder, self.tok_emb(input_ids), causal=False, key_padding=attention_mask,
@@ -207,7 +209,7 @@ class Transformer(nn.Module):
             if hidden_states is not None:
                 hidden_states.extend(out.hidden_states)
             return out.h
-        pos = self._positions(input_ids, None, None)
+        pos = self._positions(input_ids, None, position_ids)
         return self.encoder(
             self.tok_emb(input_ids), pos, token_type_ids=token_type_ids, key_padding=attention_mask,
             **_kinds(attn_kind, prefix_len), **_collect(hidden_states),
@@ -318,7 +320,10 @@ class Transformer(nn.Module):
         hidden = [] if output_hidden_states else None
         enc_hidden = [] if output_hidden_states and cfg.arch == "encoder-decoder" else None
         if cfg.arch == "encoder":
-            h = self.encode(input_ids, attention_mask, token_type_ids, attn_kind, prefix_len, hidden_states=hidden)
+            h = self.encode(
+                input_ids, attention_mask, token_type_ids, attn_kind, prefix_len, hidden_states=hidden,
+                position_ids=position_ids,
+            )  # fmt: skip
         elif cfg.arch == "decoder":
             pos = self._positions(input_ids, cache, position_ids)
             h = self.decoder(

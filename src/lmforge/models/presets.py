@@ -133,6 +133,16 @@ _UNILM = dict(vocab_size=28996, max_seq_len=512)
 preset("unilm-base", F.UNILM, d_model=768, n_layers=12, n_heads=12, d_ff=3072, **_UNILM)
 preset("unilm-large", F.UNILM, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, **_UNILM)
 preset("unilm-tiny", F.UNILM, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
+# MAE-LM (Meng et al. 2024 §3-4): a RoBERTa-style encoder pretrained with [MASK] tokens removed from its input and
+# predicted by a shallow decoder (objectives/mae_lm.py builds the decoder); the encoder has no head of its own.
+preset(
+    "mae-lm-base", F.ROBERTA, vocab_size=50265, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512,
+    lm_head=False,
+)  # fmt: skip
+preset(
+    "mae-lm-tiny", F.ROBERTA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128,
+    lm_head=False,
+)  # fmt: skip
 
 # ALBERT (Lan et al. 2020 Table 1): base = E 128, H 768, 12 shared layers, 30k SentencePiece vocab.
 preset(

@@ -4,6 +4,7 @@ from lmforge.objectives import (  # noqa: F401  (registers)
     bart,
     causal_lm,
     electra,
+    mae_lm,
     mlm,
     mtp,
     nsp,

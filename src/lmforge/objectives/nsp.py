@@ -1,5 +1,5 @@
-"""BERT pretraining = masked LM + next-sentence prediction (Devlin et al. 2019 §3.1), ALBERT's sentence-order
-prediction (Lan et al. 2020 §4.1) as an option, and RoBERTa's MLM-only inputs (Liu et al. 2019 §4.2)."""
+"""BERT pretraining = masked LM + next-sentence prediction (Devlin et al. 2019 §3.1), ALBERT's masked LM +
+sentence-order prediction (Lan et al. 2020 §4.1), and RoBERTa's MLM-only inputs (Liu et al. 2019 §4.2)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,25 @@ from lmforge.objectives.mlm import MaskedObjective, MLMOptions, mlm_loss
 from lmforge.objectives.sentence_data import DocChunkLoader, SentencePairLoader, sentence_end_ids
 from lmforge.registry import OBJECTIVES
 
+SENTENCE_TASKS = {"nsp": "next-sentence", "sop": "sentence-order"}
+
 
 @dataclass
 class BertOptions(MLMOptions):
-    order: bool = False
-    """Sentence-order prediction (ALBERT) instead of next-sentence prediction: negatives are the two segments
-    of one chunk swapped, not a segment from another document."""
+    sentence_task: Literal["nsp", "sop"] = "nsp"
+    """The sentence-pair classifier's task: nsp = next-sentence prediction (BERT: negatives take B from another
+    document), sop = sentence-order prediction (ALBERT: negatives are the two segments of one chunk swapped).
+    Its loss and accuracy are logged as `<task>_loss` and `<task>_acc`."""
+
+
+@dataclass
+class AlbertOptions(BertOptions):
+    sentence_task: Literal["nsp", "sop"] = "sop"
 
 
 @OBJECTIVES.register("bert")
 class BertPretraining(MaskedObjective):
-    """MLM + NSP (or SOP) on "[CLS] A [SEP] B [SEP]" sentence pairs; loss = L_MLM + L_NSP (BERT App. A.2).
+    """MLM + NSP on "[CLS] A [SEP] B [SEP]" sentence pairs; loss = L_MLM + L_NSP (BERT App. A.2).
 
     The model needs a sentence classifier over its pooled [CLS] output (model.pooler and model.nsp_head)."""
 
@@ -40,13 +48,13 @@ class BertPretraining(MaskedObjective):
                 "(data.tokenizer_family: bert or bart)"
             )
         self.end_ids = sentence_end_ids(tokenizer)
+        self.task = self.options.sentence_task
 
     def build_model(self, model_cfg) -> nn.Module:
         if not (getattr(model_cfg, "pooler", False) and getattr(model_cfg, "nsp_head", False)):
-            task = "sentence-order" if self.options.order else "next-sentence"
             raise LMForgeError(
-                f"objective '{self.name}' trains a {task} classifier: the model needs model.pooler=true and "
-                "model.nsp_head=true"
+                f"objective '{self.name}' trains a {SENTENCE_TASKS[self.task]} classifier: the model needs "
+                "model.pooler=true and model.nsp_head=true"
             )
         return super().build_model(model_cfg)
 
@@ -54,20 +62,29 @@ class BertPretraining(MaskedObjective):
         t = self.cfg.train
         return SentencePairLoader(
             data_dir, split, t.seq_len, t.batch_size, rank=rank, world_size=world_size, seed=self.cfg.run.seed,
-            end_ids=self.end_ids, cls_id=self.cls_id, sep_id=self.sep_id, pad_id=self.pad_id,
-            order=self.options.order,
+            end_ids=self.end_ids, cls_id=self.cls_id, sep_id=self.sep_id, pad_id=self.pad_id, task=self.task,
         )  # fmt: skip
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         mlm, n, acc, out = mlm_loss(model, batch)
-        logits = out.nsp_logits.float()  # (B, 2)
+        logits = out.nsp_logits.float()  # (B, 2): the sentence classifier (model.nsp_head), NSP or SOP
         target = batch["sentence_label"]
-        nsp = F.cross_entropy(logits, target)
+        pair = F.cross_entropy(logits, target)
         metrics = {
-            "mlm_loss": float(mlm.detach()), "mlm_acc": acc, "nsp_loss": float(nsp.detach()),
-            "nsp_acc": float((logits.argmax(-1) == target).float().mean()),
+            "mlm_loss": float(mlm.detach()), "mlm_acc": acc, f"{self.task}_loss": float(pair.detach()),
+            f"{self.task}_acc": float((logits.argmax(-1) == target).float().mean()),
         }  # fmt: skip
-        return LossOutput(mlm + nsp, n, metrics)
+        return LossOutput(mlm + pair, n, metrics)
+
+
+@OBJECTIVES.register("albert")
+class AlbertPretraining(BertPretraining):
+    """ALBERT §4.1: MLM + sentence-order prediction (SOP) on "[CLS] A [SEP] B [SEP]" pairs of consecutive
+    segments of one document, swapped for the negatives; loss = L_MLM + L_SOP. (ALBERT's n-gram masking is the
+    `ngram` option; its factorised, shared-layer model is the albert presets.)"""
+
+    name = "albert"
+    Options = AlbertOptions
 
 
 @dataclass

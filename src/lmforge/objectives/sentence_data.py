@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -211,18 +212,21 @@ class SentencePairLoader(ChunkLoader):
 
     A is the first 1..n-1 sentences of a chunk (a chunk of one sentence is split at a random token). NSP: with
     probability 1/2 B is the rest of the chunk (IsNext, label 0), else text of a random other document starting
-    at a random sentence (NotNext, label 1). SOP (ALBERT §4.1, `order=True`): B is always the rest of the chunk
+    at a random sentence (NotNext, label 1). SOP (ALBERT §4.1, `task="sop"`): B is always the rest of the chunk
     and with probability 1/2 the two segments are swapped (label 1). Chunks hold at most seq_len - 3 tokens and a
     random B is cut to the room A leaves, so pairs always fit and no truncation is needed."""
 
     def __init__(self, data_dir: Path, split: str, seq_len: int, batch_size: int, *, cls_id: int, sep_id: int,
-                 pad_id: int, order: bool = False, **kw) -> None:  # fmt: skip
-        self.cls_id, self.sep_id, self.pad_id, self.order = cls_id, sep_id, pad_id, order
+                 pad_id: int, task: Literal["nsp", "sop"] = "nsp", **kw) -> None:  # fmt: skip
+        if task not in ("nsp", "sop"):
+            raise LMForgeError(f"sentence-pair task must be 'nsp' or 'sop', got {task!r}")
+        self.cls_id, self.sep_id, self.pad_id, self.task = cls_id, sep_id, pad_id, task
         super().__init__(data_dir, split, seq_len, batch_size, max_tokens=seq_len - 3, min_tokens=2, **kw)
-        if not order and len(self.index.docs_with_text) < 2:
+        if task == "nsp" and len(self.index.docs_with_text) < 2:
             raise LMForgeError(
                 f"{self.data_dir} {split} split has fewer than 2 documents, and NSP draws NotNext segments from "
-                "other documents (use more documents, a larger data.val_fraction, or objective.order=true)"
+                "other documents (use more documents, a larger data.val_fraction, or sentence-order prediction: "
+                "objective.name=albert)"
             )
 
     def examples(self, chunks: np.ndarray, rng: np.random.Generator) -> dict[str, torch.Tensor]:
@@ -245,7 +249,7 @@ class SentencePairLoader(ChunkLoader):
         label = (u[1] < 0.5).astype(np.int64)
         if negatives is not None:
             label = label * negatives
-        if self.order:  # SOP: swapped segments are the negatives
+        if self.task == "sop":  # swapped segments are the negatives
             swap = label.astype(bool)
             a_start, b_start = np.where(swap, b_start, a_start), np.where(swap, a_start, b_start)
             a_len, b_len = np.where(swap, b_len, a_len), np.where(swap, a_len, b_len)

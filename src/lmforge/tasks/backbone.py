@@ -92,7 +92,9 @@ def checkpoint_config(cfg: FinetuneConfig, backbone, labels: list[str] | None) -
 
 
 def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):
-    """(task, TaskModel in eval mode, tokenizer, FinetuneConfig) of a fine-tuned run or checkpoint dir."""
+    """(task, TaskModel in eval mode, tokenizer, FinetuneConfig) of a fine-tuned run or checkpoint dir. An AdaMix
+    model comes back merged (`merge_adamix`): one adapter per site with the experts' averaged weights."""
+    from lmforge.adapt.adamix import merge_adamix
     from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
     from lmforge.config import model_config_from_dict
     from lmforge.models import Transformer
@@ -114,4 +116,6 @@ def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):
     model = task.build(backbone)
     apply_peft_section(model, cfg.peft)
     ckpt.load_weights(c, AdapterWeights(model, task_token_rows(tokenizer)) if raw.get("adapter_only") else model)
+    if cfg.peft.method == "adamix":  # AdaMix §3.3: inference runs one adapter per site, the experts' average
+        merge_adamix(model)
     return task, model.to(device).eval(), tokenizer, cfg

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.adapt.adamix import consistency_weight, symmetric_kl
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.tasks.examples import Dataset
@@ -185,10 +186,36 @@ class Task:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
     def with_aux(self, task_loss: Tensor, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]) -> LossOutput:
-        """L3 = L2 + λ·L1 (GPT-1 §3.3); the parts are reported as metrics."""
+        """L3 = L2 + λ·L1 (GPT-1 §3.3), plus AdaMix's consistency term when it applies; the parts are reported
+        as metrics."""
         n = batch["input_ids"].shape[0]
+        total, metrics = task_loss, {"task_loss": float(task_loss.detach())}
         lm = self.aux_lm_loss(model, out, batch)
-        if lm is None:
-            return LossOutput(task_loss, n, {"task_loss": float(task_loss.detach())})
-        total = task_loss + self.options.lm_coef * lm
-        return LossOutput(total, n, {"task_loss": float(task_loss.detach()), "lm_loss": float(lm.detach())})
+        if lm is not None:
+            total = total + self.options.lm_coef * lm
+            metrics["lm_loss"] = float(lm.detach())
+        return self.with_consistency(LossOutput(total, n, metrics), model, out, batch)
+
+    # --- AdaMix consistency (Wang et al. 2022 §3.2) -----------------------------------------------------------
+
+    def with_consistency(
+        self, loss: LossOutput, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]
+    ) -> LossOutput:
+        """For a training step of an AdaMix model: run the model a second time (other random routes through the
+        adapter experts) and add consistency_weight × the divergence between the two passes' outputs to the
+        loss, which stays the first pass's task loss otherwise; reported as `consistency_loss`."""
+        weight = consistency_weight(model)
+        if weight == 0:
+            return loss
+        divergence = self.output_divergence(out, model(batch), batch)
+        loss.metrics["consistency_loss"] = float(divergence.detach())
+        return LossOutput(loss.loss + weight * divergence, loss.n_tokens, loss.metrics)
+
+    def output_divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
+        """How far two passes' head outputs are apart: the symmetric KL of their distributions over the last axis
+        (classes, choices), averaged over rows; a one-unit output (regression) is a Gaussian mean, whose symmetric
+        KL at unit variance is half the squared difference."""
+        la, lb = a.logits, b.logits
+        if la.shape[-1] == 1:
+            return 0.5 * (la.float() - lb.float()).pow(2).mean()
+        return symmetric_kl(la.flatten(0, -2), lb.flatten(0, -2))

@@ -56,7 +56,8 @@ class TaskSection:
 @dataclass
 class FtDataConfig:
     source: str = "bundled"
-    """Where the labelled splits come from: bundled, glue, superglue, squad, conll2003, table (see tasks/data.py)."""
+    """Where the labelled splits come from: bundled, glue, superglue, squad, conll2003, table, dir, fetched, race,
+    wsc, dpr (see tasks/data.py)."""
     name: str = "sentiment"
     """The bundled set, GLUE task (sst2, mrpc, ...) or SuperGLUE task."""
     dir: str | None = None

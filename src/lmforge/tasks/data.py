@@ -7,7 +7,10 @@ Sources (`data.source`):
   (`data.text_field`, `data.text_pair_field`, `data.label_field`, or `data.target_field` for source → target
   pairs) — files from `data.train/dev/test`;
 - fetched: a set built by `lmforge data fetch NAME` (`data.name`); dir: a labelled-set dir in the same layout
-  (`meta.json` + `train/dev/test.jsonl`, objects with `Example`'s fields).
+  (`meta.json` + `train/dev/test.jsonl`, objects with `Example`'s fields);
+- race: the RACE directory (`data.dir`; `data.name` all, middle or high); wsc: the Winograd Schema Challenge's
+  `WSCollection.xml` (`data.dir` holding it, or `data.test`; `data.name` wsc273 or wsc285), a test split only;
+  dpr: Rahman & Ng's `train.c.txt` / `test.c.txt` (`data.dir`, or `data.train` / `data.test`).
 A run without a dev split holds out the last 10% of train (deterministic) as dev.
 
 Labels of table and dir data: `data.labels` declares the label set (a label outside it is an error naming the
@@ -89,6 +92,37 @@ def _fetched(cfg: FtDataConfig) -> dict[str, Dataset]:
     return load_fetched(cfg.name)
 
 
+def _race(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.race import read_race
+
+    if cfg.name not in ("all", "middle", "high"):
+        raise LMForgeError(f"data.source=race: data.name must be all, middle or high, got '{cfg.name}'")
+    return _per_split(cfg, lambda split: read_race(_need_dir(cfg), split, cfg.name))  # type: ignore[arg-type]
+
+
+def _wsc(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.winograd import read_wsc_xml
+
+    path = Path(cfg.test) if cfg.test is not None else _need_dir(cfg) / "WSCollection.xml"
+    if cfg.name not in ("wsc273", "wsc285"):
+        raise LMForgeError(f"data.source=wsc: data.name must be wsc273 or wsc285, got '{cfg.name}'")
+    return {"test": read_wsc_xml(path, cfg.name)}  # type: ignore[arg-type]
+
+
+def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.winograd import read_dpr
+
+    out = {}
+    for split in ("train", "test"):
+        given = getattr(cfg, split)
+        path = Path(given) if given is not None else (_need_dir(cfg) / f"{split}.c.txt")
+        if given is not None or path.is_file():
+            out[split] = read_dpr(path)
+    if not out:
+        raise LMForgeError(f"data.source=dpr: no train.c.txt or test.c.txt in {cfg.dir}")
+    return out
+
+
 SOURCES: dict[str, Callable[[FtDataConfig], dict[str, Dataset]]] = {
     "bundled": _bundled,
     "glue": _glue,
@@ -98,6 +132,9 @@ SOURCES: dict[str, Callable[[FtDataConfig], dict[str, Dataset]]] = {
     "table": _table,
     "dir": _dir,
     "fetched": _fetched,
+    "race": _race,
+    "wsc": _wsc,
+    "dpr": _dpr,
 }
 
 
@@ -118,8 +155,9 @@ def _per_split(cfg: FtDataConfig, read: Callable[[str], Dataset]) -> dict[str, D
     return out
 
 
-def load_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
-    """train, dev (and test when present) of the configured source, capped by data.max_train / max_eval."""
+def load_splits(cfg: FtDataConfig, require_train: bool = True) -> dict[str, Dataset]:
+    """train, dev (and test when present) of the configured source, capped by data.max_train / max_eval.
+    `require_train=False` (zero-shot evaluation) accepts sources without a training split (WSC273)."""
     if cfg.source not in SOURCES:
         raise LMForgeError(f"data.source: unknown source '{cfg.source}' (known: {', '.join(SOURCES)})")
     if cfg.labels is not None and cfg.source not in ("table", "dir"):
@@ -127,11 +165,12 @@ def load_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
             f"data.labels applies to the table and dir sources, not {cfg.source} (its label set is known)"
         )
     splits = SOURCES[cfg.source](cfg)
-    if "train" not in splits or not splits["train"].examples:
+    has_train = "train" in splits and bool(splits["train"].examples)
+    if require_train and not has_train:
         raise LMForgeError(f"data ({cfg.source} {cfg.name}): no training examples")
     if cfg.source in ("table", "dir"):  # a dir's meta.json states its label set, so only tables get warnings
         splits = check_labels(splits, cfg.labels, cfg.min_label_count if cfg.source == "table" else 0)
-    if "dev" not in splits:
+    if "dev" not in splits and has_train:
         train = splits["train"]
         cut = len(train.examples) - max(1, len(train.examples) // 10)
         splits["dev"] = Dataset(train.examples[cut:], train.labels, train.source + " (held-out 10%)", train.task_type)

@@ -5,7 +5,7 @@ GLUE: one directory per task (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WN
 tab-separated without quoting; all have a header row except CoLA's train/dev (4 columns: source, label,
 original annotation, sentence). Test files carry no labels. Integer labels in the files become class names
 (SST-2 0/1 → negative/positive) whose index is the file's integer. SuperGLUE: `train.jsonl`, `val.jsonl`,
-`test.jsonl` per task (BoolQ, CB, COPA, RTE).
+`test.jsonl` per task (BoolQ, CB, COPA, RTE, WSC).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from lmforge.errors import LMForgeError
 from lmforge.eval import metrics as M
 from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.readers import check_label, fail, parse_score, read_jsonl, read_lines
+from lmforge.tasks.winograd import group_wsc_pairs, wsc_pair
 
 COLA_COLUMNS = ("source", "label", "original_label", "sentence")
 
@@ -207,6 +208,8 @@ class SuperGlueTask:
     metrics: tuple[str, ...]
     convert: Callable[[Path, int, dict], Example]
     pos_label: str | None = None
+    regroup: Callable[[list[Example]], list[Example]] | None = None
+    """Turns the examples read (labelled with `labels`) into the task's own (WSC pairs → Winograd examples)."""
 
 
 def _get(path: Path, line: int, obj: dict, key: str) -> str:
@@ -247,13 +250,19 @@ SUPERGLUE_TASKS: dict[str, SuperGlueTask] = {
     ),
     "copa": SuperGlueTask("COPA", "multiple_choice", None, ("accuracy",), _copa),
     "rte": SuperGlueTask("RTE", "classification", _NLI2, ("accuracy",), _pair("premise", "hypothesis")),
+    # WSC: each line pairs the pronoun with one candidate (true/false); "wsc-choice" groups a sentence's pairs into
+    # one Winograd example whose choices are its candidates (tasks/winograd.py).
+    "wsc": SuperGlueTask("WSC", "classification", ("False", "True"), ("accuracy",), wsc_pair, pos_label="True"),
+    "wscchoice": SuperGlueTask(
+        "WSC", "multiple_choice", ("False", "True"), ("accuracy",), wsc_pair, regroup=group_wsc_pairs
+    ),
 }
 _SUPERGLUE_FILES = {"train": "train.jsonl", "dev": "val.jsonl", "test": "test.jsonl"}
 
 
 def read_superglue(task: str, data_dir: Path | str, split: str) -> Dataset:
-    """Read split `split` (train, dev = val.jsonl, test) of SuperGLUE task `task` (BoolQ, CB, COPA, RTE) from
-    `data_dir` (the task's directory or the SuperGLUE root). Test files carry no labels."""
+    """Read split `split` (train, dev = val.jsonl, test) of SuperGLUE task `task` (BoolQ, CB, COPA, RTE, WSC,
+    wsc-choice) from `data_dir` (the task's directory or the SuperGLUE root). Test files carry no labels."""
     key = task_key(task)
     if key not in SUPERGLUE_TASKS:
         raise LMForgeError(f"unknown SuperGLUE task '{task}' (known: {', '.join(SUPERGLUE_TASKS)})")
@@ -274,11 +283,13 @@ def read_superglue(task: str, data_dir: Path | str, split: str) -> Dataset:
         elif split != "test":
             raise fail(path, n, f"missing field 'label' ({spec.name} {split} examples are labelled)")
         examples.append(ex)
+    if spec.regroup is not None:
+        return Dataset(spec.regroup(examples), None, str(path), spec.task_type)
     return Dataset(examples, list(spec.labels) if spec.labels else None, str(path), spec.task_type)
 
 
 def _superglue_label(spec: SuperGlueTask, path: Path, line: int, raw: object) -> str | int:
-    if spec.task_type == "multiple_choice":
+    if spec.task_type == "multiple_choice" and spec.labels is None:
         if raw not in (0, 1) or isinstance(raw, bool):
             raise fail(path, line, f"{spec.name} label {raw!r} is not 0 or 1")
         return int(raw)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lmforge.adapt.adamix import consistency_weight, symmetric_kl
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS
@@ -127,23 +128,35 @@ class Seq2Seq(Task):
         return [{"input_ids": (src := self.source_ids(ex, budget, f"{where} example {ex.id or i}")), "_prompt": src}
                 for i, ex in enumerate(dataset.examples)]  # fmt: skip
 
-    def token_logprobs(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """(log P of each label token, mask of label tokens), both (B, T')."""
+    def target_logprobs(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(log-softmax over the vocabulary where each label token is predicted (B, T', V), labels (B, T'))."""
         out = model(batch)
         labels = batch["labels"]
         hidden = out.hidden
         if self.arch == "decoder":  # position t predicts token t + 1
             hidden, labels = hidden[:, :-1], labels[:, 1:]
-        logp = model.backbone.logits(hidden).float().log_softmax(-1)  # (B, T', V)
+        return model.backbone.logits(hidden).float().log_softmax(-1), labels
+
+    def token_logprobs(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(log P of each label token, mask of label tokens), both (B, T')."""
+        logp, labels = self.target_logprobs(model, batch)
         mask = labels != -100
         picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return picked * mask, mask
 
     def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
-        logp, mask = self.token_logprobs(model, batch)
+        logp, labels = self.target_logprobs(model, batch)
+        mask = labels != -100
         n = int(mask.sum())
-        loss = -logp.sum() / max(n, 1)
-        return LossOutput(loss, n, {"task_loss": float(loss.detach())})
+        picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+        loss = -picked.sum() / max(n, 1)
+        metrics = {"task_loss": float(loss.detach())}
+        weight = consistency_weight(model)
+        if weight:  # AdaMix §3.2 for generation: the symmetric KL of the two passes' next-token distributions
+            divergence = symmetric_kl(logp[mask], self.target_logprobs(model, batch)[0][mask])
+            metrics["consistency_loss"] = float(divergence.detach())
+            loss = loss + weight * divergence
+        return LossOutput(loss, n, metrics)
 
     def generate_batch(self, model: TaskModel, feats: list[dict], num_beams: int, max_new: int) -> list[str]:
         """Decoded continuations of the features' prompts (beam search when num_beams > 1)."""

@@ -18,13 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.adapt.adamix import symmetric_kl
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS
 from lmforge.tasks.base import Task, TaskOptions
 from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.heads import SpanHead
-from lmforge.tasks.model import TaskModel
+from lmforge.tasks.model import TaskModel, TaskOutput
 
 
 @dataclass
@@ -138,6 +139,12 @@ class SpanQA(Task):
         start, end = (x.float().masked_fill(pad, torch.finfo(torch.float32).min) for x in out.logits)
         loss = (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
         return self.with_aux(loss, model, out, batch)
+
+    def output_divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
+        """Mean of the start and end distributions' symmetric KL, over real tokens."""
+        pad = batch["attention_mask"] == 0
+        x = [t.float().masked_fill(pad, torch.finfo(torch.float32).min) for t in (*a.logits, *b.logits)]
+        return (symmetric_kl(x[0], x[2]) + symmetric_kl(x[1], x[3])) / 2
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         """Per window: (example index, best span score, its text, null score)."""

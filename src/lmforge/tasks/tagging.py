@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.adapt.adamix import symmetric_kl
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS
 from lmforge.tasks.base import Task
 from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.heads import TokenHead
-from lmforge.tasks.model import TaskModel
+from lmforge.tasks.model import TaskModel, TaskOutput
 
 
 def first_subtokens(words: list[str], offsets: list[tuple[int, int]]) -> list[int]:
@@ -107,6 +108,11 @@ class TokenTagging(Task):
         out = model(batch)
         loss = F.cross_entropy(out.logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
         return self.with_aux(loss, model, out, batch)
+
+    def output_divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
+        """Over the tagged tokens (the first sub-token of each word) only."""
+        tagged = batch["labels"] != -100
+        return symmetric_kl(a.logits[tagged], b.logits[tagged])
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         tags = model(batch).logits.argmax(-1).tolist()  # (B, T)
