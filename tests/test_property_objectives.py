@@ -135,7 +135,8 @@ def check_batch(batch: dict, batch_size: int, vocab_size: int, model_cfg) -> Non
         elif key.endswith("attention_mask"):
             assert set(v.unique().tolist()) <= {0, 1}, key
         elif key == "token_type_ids":
-            assert 0 <= int(v.min()) and int(v.max()) < max(1, model_cfg.type_vocab_size), key
+            segments = 2 if model_cfg.rel_segments else max(1, model_cfg.type_vocab_size)  # XLNet: relative
+            assert 0 <= int(v.min()) and int(v.max()) < segments, key
         elif key == "sentence_label":
             assert set(v.unique().tolist()) <= {0, 1}
     if "attention_mask" in batch and "input_ids" in batch:
@@ -184,6 +185,21 @@ def masked_targets(obj, tokens, batch):
     assert not bool(obj.special[original[sel]].any())  # special tokens are never selected
 
 
+def mae_lm_targets(obj, tokens, batch):
+    """MAE-LM: the encoder reads exactly the unselected tokens, in order, at their own positions; the labels are
+    the selected originals."""
+    original = obj.inputs(tokens)["input_ids"]
+    labels, enc = batch["labels"], batch["attention_mask"].bool()
+    sel = labels != IGNORE
+    assert torch.equal(labels[sel], original[sel]) and not bool(obj.special[original[sel]].any())
+    real = batch["decoder_attention_mask"].bool() if "decoder_attention_mask" in batch else torch.ones_like(sel)
+    for row in range(original.shape[0]):
+        kept = ~sel[row] & real[row]
+        assert torch.equal(batch["input_ids"][row][enc[row]], original[row][kept])
+        assert torch.equal(batch["position_ids"][row][enc[row]], kept.nonzero().squeeze(1))
+        assert not bool((batch["input_ids"][row][enc[row]] == obj.mask_id).any())  # no [MASK] reaches the encoder
+
+
 def bart_targets(obj, tokens, batch):
     x, labels = tokens[:, :-1], batch["labels"]
     assert torch.equal(labels, x)  # the decoder rebuilds the whole original window
@@ -212,7 +228,7 @@ def t5_targets(obj, tokens, batch):
 
 
 TARGETS = {"causal_lm": next_token_targets, "mtp": next_token_targets, "prefix_lm": prefix_targets,
-           "bart": bart_targets, "t5": t5_targets}  # fmt: skip
+           "bart": bart_targets, "t5": t5_targets, "mae-lm": mae_lm_targets}  # fmt: skip
 
 
 # --- the property --------------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import tasks_testing as T
 
-from lmforge.config import load_config
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import Scored
 from lmforge.eval.zeroshot import Choice, ChoiceOptions, Winograd, WinogradOptions, load_prompt_config
@@ -162,7 +161,7 @@ def test_bundled_recipes_load():
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny GPT pretrained for 30 steps on public-domain text (tokenizer trained by the run)."""
-    from lmforge.train.trainer import train
+    from lmforge.api import pretrain
 
     d = tmp_path_factory.mktemp("pretrained")
     docs = [json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3]
@@ -171,7 +170,7 @@ def pretrained(tmp_path_factory) -> Path:
             "--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=32", "--train.max_steps=30",
             "--train.warmup_steps=4", "--train.lr=3e-3", "--train.eval_every=30", "--train.save_every=30",
             "--train.log_every=30", "--data.val_fraction=0.1"]  # fmt: skip
-    train(load_config("gpt", over))
+    pretrain("gpt", over)
     return d / "run"
 
 

@@ -79,8 +79,8 @@ class UniLMLoader(SentencePairLoader):
     def __init__(self, *args, kind_probs: list[float], per_batch: bool, nsp: bool, **kw) -> None:
         self.cdf = np.cumsum(kind_probs)
         self.per_batch, self.nsp = per_batch, nsp
-        # Without NSP no row gets a negative; order=True then only skips the 2-document check of NSP negatives.
-        super().__init__(*args, order=not nsp, **kw)
+        # Without NSP no row gets a negative; the "sop" pairing then only skips the 2-document check of NSP negatives.
+        super().__init__(*args, task="nsp" if nsp else "sop", **kw)
 
     def examples(self, chunks: np.ndarray, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         n = len(chunks)
