@@ -16,6 +16,7 @@ from torch import Tensor
 from lmforge.beam import beam_search
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
+from lmforge.static_decode import StaticSteps, compile_mode, compile_notice
 
 Overlong = Literal["error", "truncate"]
 """What generation does with a prompt longer than the model's max_seq_len."""
@@ -176,7 +177,7 @@ def decoding_steps(
 
 @torch.no_grad()
 def sample(
-    steps: DecoderSteps | Seq2SeqSteps,
+    steps: DecoderSteps | Seq2SeqSteps | StaticSteps,
     *,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -203,7 +204,8 @@ def sample(
         tokens.append(tok)
         if stop is not None:
             done |= stop(torch.stack(tokens, dim=1))
-        if i + 1 == n or bool(done.all()):
+        # Only EOS or `stop` can finish rows early; without them, skip the per-step device sync.
+        if i + 1 == n or ((eos_id is not None or stop is not None) and bool(done.all())):
             break
         logits = steps.step(tok)
     if not tokens:
@@ -239,6 +241,7 @@ def generate(
     length_penalty: float = 1.0,
     generator: torch.Generator | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Generate with a decoder or encoder-decoder model (dispatch on `model.config.arch`).
 
@@ -246,9 +249,14 @@ def generate(
     Encoder-decoder: `input_ids` is the (right-padded) source (B, S); returns the decoder sequence (B, 1 + n),
     starting with `config.decoder_start_id`. n ≤ max_new_tokens (learned positions also cap it at max_seq_len).
     num_beams > 1 runs beam search (deterministic: temperature is ignored) with HF's length penalty.
-    Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`."""
+    Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`.
+
+    compile: decode over a static KV cache with a `torch.compile`d step (CUDA graphs on GPU; `lmforge.static_decode`),
+    same outputs; models it does not support (Transformer-XL/XLNet, sparse attention) say so and decode eagerly."""
     _check_args(max_new_tokens, top_k, top_p, num_beams)
     steps = decoding_steps(model, input_ids, attention_mask)
+    if compile and compile_notice(model):
+        steps = StaticSteps(steps, max_new_tokens, compile_mode(steps.device))
     training = model.training
     model.eval()
     try:
