@@ -35,13 +35,15 @@ from model_table import BENCH_MODELS, require_available  # noqa: E402
 from report import default_path, write_results  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
-from lmforge.generate import generate  # noqa: E402
+from lmforge.generate import decoding_steps, generate, sample  # noqa: E402
 from lmforge.models import Transformer  # noqa: E402
+from lmforge.static_decode import StaticSteps  # noqa: E402
 
-IMPLS = ("lmforge", "lmforge-compiled", "hf", "hf-static")
-"""lmforge: eager, dynamic KV cache; lmforge-compiled: generate(compile=True), static cache + torch.compile (CUDA
-graphs on GPU); hf: `generate` with its default (dynamic) cache; hf-static: `generate` with
-cache_implementation="static", which `transformers` compiles on GPU."""
+IMPLS = ("lmforge", "lmforge-compiled", "lmforge-static", "hf", "hf-static")
+"""lmforge: eager, dynamic KV cache (the default); lmforge-compiled: generate(compile=True), static cache +
+torch.compile (CUDA graphs on GPU); lmforge-static: the static cache without compiling; hf: `generate` with its
+default (dynamic) cache; hf-static: `generate` with cache_implementation="static", which `transformers` compiles on
+GPU."""
 GEN_MODELS = ("gpt2", "t5")  # the bench models that generate (a decoder, an encoder-decoder)
 GIB = 2**30
 
@@ -96,6 +98,18 @@ def _hf_call(hf: nn.Module, x: Tensor, impl: str, args):
     return lambda: hf.generate(input_ids=x, attention_mask=mask, generation_config=gen)
 
 
+def _lmforge_call(model: nn.Module, x: Tensor, impl: str, args):
+    n = args.new_tokens
+    if impl == "lmforge-static":  # what generate(compile=True) runs, minus torch.compile
+
+        def call() -> Tensor:
+            steps = StaticSteps(decoding_steps(model, x), n, mode=None)
+            return steps.output(sample(steps, max_new_tokens=n, temperature=0))
+
+        return call
+    return lambda: generate(model, x, max_new_tokens=n, temperature=0, compile=impl == "lmforge-compiled")
+
+
 def measure(impl: str, ref: nn.Module, prompts: Tensor, args) -> tuple[dict, Tensor]:
     """Copy the reference model to the device, time its generate calls; (measurements, new tokens (B, n) on CPU)."""
     device, dtype = args.device, torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -103,11 +117,7 @@ def measure(impl: str, ref: nn.Module, prompts: Tensor, args) -> tuple[dict, Ten
         torch.cuda.reset_peak_memory_stats(device)
     model = copy.deepcopy(ref).to(device=device, dtype=dtype).eval()
     x = prompts.to(device)
-    if impl.startswith("hf"):
-        call = _hf_call(model, x, impl, args)
-    else:
-        compiled = impl == "lmforge-compiled"
-        call = lambda: generate(model, x, max_new_tokens=args.new_tokens, temperature=0, compile=compiled)  # noqa: E731
+    call = _hf_call(model, x, impl, args) if impl.startswith("hf") else _lmforge_call(model, x, impl, args)
     counters = torch._dynamo.utils.counters
     graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
     with torch.no_grad():
