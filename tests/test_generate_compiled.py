@@ -173,6 +173,64 @@ def test_unsupported_models_say_so_once_and_decode_eagerly(preset: str, reason: 
     assert model not in _POOL
 
 
+# ------------------------------------------------------------------------------ adapted models
+
+
+def adapted(preset: str, method: str) -> Transformer:
+    """A tiny model with a `method` adapter whose parameters are moved off their (often identity) initialisation."""
+    from adapt_testing import tiny
+
+    from lmforge.adapt.peft import apply_peft
+
+    model = apply_peft(tiny(preset, init_std=0.3), method)[0]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "preset,method",
+    [("gpt-tiny", "lora"), ("gpt-tiny", "prefix"), ("gpt-tiny", "houlsby"), ("t5-tiny", "prompt"), ("t5-tiny", "lora")],
+)
+def test_adapted_models_decode_over_the_static_cache(preset: str, method: str) -> None:
+    model = adapted(preset, method)
+    x = torch.randint(4, 120, (3, 7), generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(7) >= torch.tensor([[0], [2], [4]])).long()
+    mask = mask.flip(1) if model.config.arch == "encoder-decoder" else mask
+    for kw in (dict(temperature=0), dict(num_beams=2)):
+        steps = StaticSteps(decoding_steps(model, x, mask), 8, mode=None)
+        with torch.no_grad():
+            new = (
+                beam_search(steps, max_new_tokens=8, **kw)
+                if kw.get("num_beams")
+                else sample(steps, max_new_tokens=8, **kw)
+            )
+        assert steps.cache is not None
+        assert torch.equal(steps.output(new), generate(model, x, mask, max_new_tokens=8, **kw))
+
+
+def test_compiled_prefix_tuned_generation_equals_eager() -> None:
+    model = adapted("gpt-tiny", "prefix")  # learned keys/values before every layer's cached ones
+    x = torch.randint(4, 120, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
+    eager = generate(model, x, mask, max_new_tokens=8, temperature=0)
+    assert torch.equal(generate(model, x, mask, max_new_tokens=8, temperature=0, compile=True), eager)
+    assert model in _POOL
+
+
+def test_prompt_tuned_decoder_decodes_eagerly(capsys) -> None:
+    model = adapted("gpt-tiny", "prompt")
+    x = torch.randint(4, 120, (2, 7), generator=torch.Generator().manual_seed(1))
+    eager = generate(model, x, max_new_tokens=5, temperature=0)
+    assert torch.equal(generate(model, x, max_new_tokens=5, temperature=0, compile=True), eager)
+    assert capsys.readouterr().err == (
+        "note: compiled generation does not support a wrapped decoder stack (prompt tuning); generating eagerly\n"
+    )
+
+
 # ------------------------------------------------------------------------------ CLI
 
 

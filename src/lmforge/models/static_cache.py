@@ -34,8 +34,6 @@ def static_unsupported(model: nn.Module) -> str | None:
         return f"sparse attention layers (model.attn_pattern='{cfg.attn_pattern}')"
     if type(getattr(model, "decoder", None)) is not Stack or model._forward_pre_hooks:
         return "a wrapped decoder stack (prompt tuning)"
-    if any(getattr(m, "kv_prefix", None) is not None for m in model.modules()):
-        return "prefix-tuning keys"
     return None
 
 
