@@ -16,7 +16,7 @@ from torch import Tensor
 from lmforge.beam import beam_search
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
-from lmforge.static_decode import StaticSteps, compile_mode, compile_notice
+from lmforge.static_decode import StaticSteps, can_compile, compile_mode
 
 Overlong = Literal["error", "truncate"]
 """What generation does with a prompt longer than the model's max_seq_len."""
@@ -255,7 +255,7 @@ def generate(
     same outputs; models it does not support (Transformer-XL/XLNet, sparse attention) say so and decode eagerly."""
     _check_args(max_new_tokens, top_k, top_p, num_beams)
     steps = decoding_steps(model, input_ids, attention_mask)
-    if compile and compile_notice(model):
+    if compile and can_compile(model):
         steps = StaticSteps(steps, max_new_tokens, compile_mode(steps.device))
     training = model.training
     model.eval()

@@ -56,7 +56,7 @@ def compiled_step(mode: str):
     return _COMPILED[mode]
 
 
-def compile_notice(model: nn.Module) -> bool:
+def can_compile(model: nn.Module) -> bool:
     """True when `model` can decode compiled; else say once per model on stderr why it decodes eagerly."""
     reason = static_unsupported(model)
     if reason is None:

@@ -149,6 +149,7 @@ class StaticKVCache:
         key_index = torch.arange(self.capacity, device=x.device)  # (L,)
         query_index = self.slot  # (1,): the new token's slot
         ok = self.key_ok & (key_index <= self.slot)  # (N, L)
+        # The dtype attention runs in (stack.attention_dtype): autocast's inside autocast, else x's.
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         neg = torch.finfo(dtype).min
         mask = torch.zeros(ok.shape, dtype=dtype, device=x.device).masked_fill(~ok, neg)[:, None, None, :]
