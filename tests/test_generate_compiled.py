@@ -83,6 +83,25 @@ def test_static_buffers_are_reused_and_stale_slots_stay_masked() -> None:
     assert _POOL[model][1][0].data_ptr() == first
 
 
+@pytest.mark.parametrize("every", [3, 8])
+def test_checking_for_finished_rows_less_often_gives_the_same_tokens(every: int) -> None:
+    model, x, mask = decoder(), *left_padded()
+    free = generate(model, x, mask, max_new_tokens=20, temperature=0)[:, x.shape[1] :]
+
+    def run(check: int, eos: int, temperature: float) -> torch.Tensor:
+        steps, g = decoding_steps(model, x, mask), torch.Generator().manual_seed(1)
+        return sample(steps, max_new_tokens=20, eos_id=eos, check_every=check, generator=g, temperature=temperature)
+
+    lengths = set()
+    for eos in [int(free[0, 2]), int(free[1, 9]), V - 1]:  # early, late, (almost surely) never
+        for temperature in (0.0, 1.0):
+            every_step = run(1, eos, temperature)
+            assert torch.equal(run(every, eos, temperature), every_step), (eos, temperature)
+            lengths.add(every_step.shape[1])
+    assert len(lengths) >= 3  # generations that ended at different steps, and one that ran to the end
+    assert 20 in lengths
+
+
 def test_static_cache_keeps_its_row_count() -> None:
     model, x, mask = decoder(), *left_padded()
     steps = StaticSteps(decoding_steps(model, x, mask), 4, mode=None)
