@@ -264,7 +264,8 @@ def generate(
     Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`.
 
     compile: decode over a static KV cache with a `torch.compile`d step (CUDA graphs on GPU; `lmforge.static_decode`),
-    same outputs; models it does not support (Transformer-XL/XLNet, sparse attention) say so and decode eagerly."""
+    same outputs; models it does not support (Transformer-XL/XLNet, sparse attention, prompt-tuned decoders) say so
+    and decode eagerly."""
     _check_args(max_new_tokens, top_k, top_p, num_beams)
     steps = decoding_steps(model, input_ids, attention_mask)
     if compile and can_compile(model):
