@@ -92,16 +92,23 @@ def _generate(args: argparse.Namespace) -> None:
     from lmforge.api import load
     from lmforge.generate import generate_text
 
-    model, tok = load(args.checkpoint)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise LMForgeError(f"--device: unknown device '{args.device}' (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LMForgeError(f"--device {args.device}: no CUDA GPU is available")
+    model, tok = load(args.checkpoint, device)
+    model.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype])
     if tok is None:
         raise LMForgeError(f"{args.checkpoint} has no tokenizer to encode the prompt with")
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator(device).manual_seed(args.seed)
     temperature = 0.0 if args.greedy else args.temperature
     for prompt in args.prompt:
         out = generate_text(
             model, tok, [prompt], max_new_tokens=args.max_new_tokens, temperature=temperature,
             top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams, length_penalty=args.length_penalty,
-            generator=gen, overlong=args.overlong,
+            generator=gen, overlong=args.overlong, compile=args.compile,
         )[0]  # fmt: skip
         print(prompt + out)
 
@@ -318,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--length-penalty", type=float, default=1.0)
     g.add_argument("--overlong", choices=["error", "truncate"], default="error", help="prompts past max_seq_len")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="the weights' dtype")
+    g.add_argument(
+        "--compile", action="store_true", help="static KV cache + torch.compile'd decoding step (CUDA graphs on GPU)"
+    )
     g.set_defaults(fn=_generate)
 
     d = sub.add_parser("data", help="prepare token shards or fetch corpora").add_subparsers(dest="sub", required=True)

@@ -16,6 +16,7 @@ from torch import Tensor
 from lmforge.beam import beam_search
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
+from lmforge.static_decode import StaticSteps, can_compile, compile_mode
 
 Overlong = Literal["error", "truncate"]
 """What generation does with a prompt longer than the model's max_seq_len."""
@@ -176,7 +177,7 @@ def decoding_steps(
 
 @torch.no_grad()
 def sample(
-    steps: DecoderSteps | Seq2SeqSteps,
+    steps: DecoderSteps | Seq2SeqSteps | StaticSteps,
     *,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -185,15 +186,23 @@ def sample(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
+    check_every: int | None = None,
 ) -> Tensor:
     """Greedy (temperature 0) or sampled continuation tokens (B, n), n ≤ max_new_tokens.
 
     Rows that emit EOS are padded with EOS afterwards; decoding stops when every row has finished. `stop`, given the
-    new tokens so far (B, i), returns the rows (B,) bool that have finished too (e.g. on a stop string)."""
+    new tokens so far (B, i), returns the rows (B,) bool that have finished too (e.g. on a stop string).
+
+    check_every: steps between checks that every row is done (default: 8 on GPU with EOS alone, else 1). A check
+    waits for the device; checking less often lets the host queue steps ahead, and the steps past the one where
+    the last row finished (all EOS) are cut off, so the tokens are the same."""
     n = steps.max_steps(max_new_tokens)
     device = steps.device
     tokens: list[Tensor] = []
     done = torch.zeros(steps.batch_size, dtype=torch.bool, device=device)
+    every = 0 if eos_id is None and stop is None else 1  # no EOS, no stop: nothing to check
+    if every and stop is None:
+        every = check_every or (8 if device.type == "cuda" else 1)
     logits = steps.start() if n > 0 else None
     for i in range(n):
         tok = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
@@ -203,12 +212,17 @@ def sample(
         tokens.append(tok)
         if stop is not None:
             done |= stop(torch.stack(tokens, dim=1))
-        if i + 1 == n or bool(done.all()):
+        if i + 1 == n or (every and (i + 1) % every == 0 and bool(done.all())):
             break
         logits = steps.step(tok)
     if not tokens:
         return torch.zeros(steps.batch_size, 0, dtype=torch.long, device=device)
-    return torch.stack(tokens, dim=1)
+    out = torch.stack(tokens, dim=1)  # (B, m)
+    if every > 1:  # keep up to the step where the last row finished, as a check after every step would
+        is_eos = out == eos_id
+        first = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])  # (B,)
+        out = out[:, : int(first.max()) + 1]
+    return out
 
 
 def _check_args(max_new_tokens: int, top_k: int | None, top_p: float | None, num_beams: int) -> None:
@@ -239,6 +253,7 @@ def generate(
     length_penalty: float = 1.0,
     generator: torch.Generator | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Generate with a decoder or encoder-decoder model (dispatch on `model.config.arch`).
 
@@ -246,9 +261,15 @@ def generate(
     Encoder-decoder: `input_ids` is the (right-padded) source (B, S); returns the decoder sequence (B, 1 + n),
     starting with `config.decoder_start_id`. n ≤ max_new_tokens (learned positions also cap it at max_seq_len).
     num_beams > 1 runs beam search (deterministic: temperature is ignored) with HF's length penalty.
-    Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`."""
+    Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`.
+
+    compile: decode over a static KV cache with a `torch.compile`d step (CUDA graphs on GPU; `lmforge.static_decode`),
+    same outputs; models it does not support (Transformer-XL/XLNet, sparse attention, prompt-tuned decoders) say so
+    and decode eagerly."""
     _check_args(max_new_tokens, top_k, top_p, num_beams)
     steps = decoding_steps(model, input_ids, attention_mask)
+    if compile and can_compile(model):
+        steps = StaticSteps(steps, max_new_tokens, compile_mode(steps.device))
     training = model.training
     model.eval()
     try:

@@ -19,6 +19,7 @@ from lmforge.models.positions import (
     alibi_slopes,
     sinusoidal_embedding,
 )
+from lmforge.models.static_cache import StaticKVCache
 
 
 def allowed_keys(
@@ -111,9 +112,11 @@ class Stack(nn.Module):
         positions: Tensor,
         key_padding: Tensor | None,
         prefix_len: Tensor | None,
-        cache: KVCache | None,
+        cache: KVCache | StaticKVCache | None,
         attn_kind: Tensor | None = None,
     ) -> AttnInputs:
+        if isinstance(cache, StaticKVCache):  # one fixed-shape decoding step (models/static_cache.py)
+            return cache.step_inputs(self, x, positions)
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         k_len = offset + T
@@ -159,7 +162,7 @@ class Stack(nn.Module):
         token_type_ids: Tensor | None = None,
         key_padding: Tensor | None = None,
         prefix_len: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StaticKVCache | None = None,
         memory: Tensor | None = None,
         memory_padding: Tensor | None = None,
         hidden_states: list[Tensor] | None = None,
