@@ -20,6 +20,7 @@ from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives import OBJECTIVES, Objective
 from lmforge.objectives.losses import cross_entropy
+from lmforge.objectives.mlm import mlm_loss
 from lmforge.registry import MODELS
 from lmforge.train.metrics import flops_per_token
 
@@ -131,7 +132,8 @@ CAUSAL_LM = BenchLoss(
 
 
 def _mlm_batch(cfg: ModelConfig, batch: int, seq: int, g: torch.Generator) -> Batch:
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    # Ids from 5 up: no padding id inside the text (RoBERTa's HF twin numbers positions past padding).
+    tokens = torch.randint(5, cfg.vocab_size, (batch, seq), generator=g)
     # BERT §3.1: 15% of positions are predicted; a fixed count per row keeps the step's shapes constant.
     k = max(1, round(0.15 * seq))
     picked = torch.rand(batch, seq, generator=g).topk(k, dim=1).indices  # (B, k)
@@ -140,14 +142,13 @@ def _mlm_batch(cfg: ModelConfig, batch: int, seq: int, g: torch.Generator) -> Ba
     return {
         "input_ids": tokens.masked_fill(selected, mask_id),
         "labels": tokens.masked_fill(~selected, -100),
+        "mlm_index": selected.flatten().nonzero().squeeze(1),  # as the MLM objective's transform gives it
     }
 
 
 def _mlm_lmforge(model: nn.Module, batch: Batch) -> Tensor:
-    h = model(batch["input_ids"], return_logits=False).last_hidden_state  # (B, T, d)
-    selected = batch["labels"] != -100
-    # The MLM head runs on the masked positions only: (n_masked, d) → (n_masked, V).
-    return cross_entropy(model.logits(h[selected]), batch["labels"][selected])  # lmforge's, as the MLM objective
+    # The MLM objective's loss: the head runs on the masked positions only, (n_masked, d) → (n_masked, V).
+    return mlm_loss(model, batch)[0]
 
 
 def _mlm_hf(model: nn.Module, batch: Batch) -> Tensor:
@@ -238,6 +239,8 @@ BENCH_MODELS: dict[str, BenchModel] = {
         512,
         {"nsp_head": False, "pooler": False},
     ),
+    # RoBERTa-base's MLM (no NSP), as RobertaForMaskedLM.
+    "roberta": BenchModel("roberta-base", partial(hf_twin, hf_class="RobertaForMaskedLM"), MASKED_LM, 256, 128),
     # 512 inputs → 114 targets as in T5 pretraining.
     "t5": BenchModel("t5-base", partial(hf_twin, hf_class="T5ForConditionalGeneration"), SPAN_CORRUPTION, 16, 512),
 }

@@ -147,7 +147,7 @@ def test_span_boundary_objective_adds_a_head_and_a_loss(tok, setup):
     model = obj.build_model(tiny_encoder(tok.vocab_size))
     out = obj.loss(model, batch)
     mlm = mlm_loss(model, batch)[0]
-    assert out.loss.item() == pytest.approx(mlm.item() + out.metrics["sbo_loss"], rel=1e-5)
+    assert out.loss.item() == pytest.approx(mlm.item() + float(out.metrics["sbo_loss"]), rel=1e-5)
     out.loss.backward()
     assert model.sbo.fc1.weight.grad.abs().sum() > 0 and model.sbo.positions.weight.grad.abs().sum() > 0
     # Without SBO: the plain encoder and the MLM loss alone.

@@ -125,6 +125,9 @@ def streams(draw, vocab_size: int, ordinary: tuple[int, ...]):
 def check_batch(batch: dict, batch_size: int, vocab_size: int, model_cfg) -> None:
     assert batch and all(isinstance(v, torch.Tensor) for v in batch.values())
     for key, v in batch.items():
+        if key == "mlm_index":  # flat indices of the predicted positions, not a per-row tensor
+            assert torch.equal(v, (batch["labels"] != IGNORE).flatten().nonzero().squeeze(1))
+            continue
         assert v.shape[0] == batch_size, key
         assert not v.is_floating_point(), key
         if key.endswith("input_ids"):

@@ -11,9 +11,12 @@ from torch import Tensor, nn
 class LossOutput:
     loss: Tensor
     """Scalar mean loss over the predicted tokens of the batch."""
-    n_tokens: int
-    """Number of predicted tokens the mean is over."""
-    metrics: dict[str, float] = field(default_factory=dict)
+    n_tokens: int | Tensor
+    """Number of predicted tokens the mean is over (a tensor where counting it on the host would wait for the
+    device)."""
+    metrics: dict[str, float | Tensor] = field(default_factory=dict)
+    """The objective's own numbers (accuracies, loss terms), logged with the step; tensors stay on the device until
+    the loop reads them on a log step."""
 
 
 @dataclass

@@ -149,9 +149,8 @@ class Electra(MaskedObjective):
         real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(sel)
         logits, target = out.rtd_logits.float()[real], out.replaced[real].float()
         disc = F.binary_cross_entropy_with_logits(logits, target)
-        metrics = {
-            "mlm_loss": float(mlm.detach()), "disc_loss": float(disc.detach()),
-            "disc_acc": float(((logits > 0).float() == target).float().mean()),
-            "replaced_frac": float(target.mean()),
+        metrics = {  # tensors: the loop reads them back on log steps only
+            "mlm_loss": mlm.detach(), "disc_loss": disc.detach(),
+            "disc_acc": ((logits > 0).float() == target).float().mean(), "replaced_frac": target.mean(),
         }  # fmt: skip
-        return LossOutput(mlm + self.options.disc_weight * disc, int(real.sum()), metrics)
+        return LossOutput(mlm + self.options.disc_weight * disc, real.sum(), metrics)

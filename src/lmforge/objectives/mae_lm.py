@@ -192,4 +192,4 @@ class MAELM(MaskedObjective):
         if n == 0:  # nothing selected: a zero loss that keeps the graph
             return LossOutput(logits.sum() * 0.0, 0, {"mlm_acc": 0.0})
         loss = cross_entropy(logits, target)
-        return LossOutput(loss, n, {"mlm_acc": float((logits.argmax(-1) == target).float().mean())})
+        return LossOutput(loss, n, {"mlm_acc": (logits.argmax(-1) == target).float().mean()})

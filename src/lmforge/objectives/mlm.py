@@ -128,6 +128,9 @@ class MaskedObjective(Objective):
             batch["input_ids"], selected, mask_id=self.mask_id, random_ids=self.random_ids,
             mask_frac=o.mask_frac, random_frac=o.random_frac, draws=draws, groups=groups,
         )  # fmt: skip
+        # Flat indices of the predicted positions, found here on the CPU: the loss gathers them on the device
+        # without a data-dependent shape (boolean indexing there would wait for the GPU).
+        batch["mlm_index"] = (batch["labels"] != M.IGNORE).flatten().nonzero().squeeze(1)
         return self.span_targets(batch, groups)
 
     def span_targets(self, batch: dict[str, Tensor], groups: Tensor | None) -> dict[str, Tensor]:
@@ -146,26 +149,29 @@ class MaskedObjective(Objective):
         return LossOutput(mlm, n, {"mlm_acc": acc})
 
 
-def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, int, float, object]:
-    """(mean cross-entropy over the labelled positions, their count, accuracy, model output).
+def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, object]:
+    """(mean cross-entropy over the labelled positions, their count, accuracy (tensors on the device), model output).
 
     The model runs without its LM head; the head then sees only the selected positions (≈15% of the tokens),
-    which saves most of the vocabulary projection."""
+    which saves most of the vocabulary projection. The positions come as `mlm_index` from the transform when it
+    made the batch (no device sync), else from the labels."""
     out = model(
         batch["input_ids"], batch.get("attention_mask"), token_type_ids=batch.get("token_type_ids"),
         return_logits=False,
     )  # fmt: skip
     labels = batch["labels"]
-    sel = labels != M.IGNORE  # (B, T)
-    h = out.last_hidden_state[sel]  # (N, d_model)
+    index = batch.get("mlm_index")
+    if index is None:
+        index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
+    h = out.last_hidden_state.flatten(0, 1).index_select(0, index)  # (N, d_model)
     logits = unwrap_model(model).logits(h)  # (N, V)
-    n = int(sel.sum())
-    if n == 0:  # nothing selected (e.g. rows of special tokens only): a zero loss that keeps the graph
-        return logits.sum() * 0.0, 0, 0.0, out
-    target = labels[sel]
+    target = labels.flatten().index_select(0, index)
+    if index.numel() == 0:  # nothing selected (e.g. rows of special tokens only): a zero loss that keeps the graph
+        zero = logits.sum() * 0.0
+        return zero, zero.detach(), zero.detach(), out
     loss = cross_entropy(logits, target)
-    acc = float((logits.argmax(-1) == target).float().mean())
-    return loss, n, acc, out
+    acc = (logits.argmax(-1) == target).float().mean()
+    return loss, torch.tensor(index.numel()), acc, out
 
 
 @OBJECTIVES.register("mlm")

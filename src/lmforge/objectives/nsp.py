@@ -70,9 +70,9 @@ class BertPretraining(MaskedObjective):
         logits = out.nsp_logits.float()  # (B, 2): the sentence classifier (model.nsp_head), NSP or SOP
         target = batch["sentence_label"]
         pair = F.cross_entropy(logits, target)
-        metrics = {
-            "mlm_loss": float(mlm.detach()), "mlm_acc": acc, f"{self.task}_loss": float(pair.detach()),
-            f"{self.task}_acc": float((logits.argmax(-1) == target).float().mean()),
+        metrics = {  # tensors: the loop reads them back on log steps only
+            "mlm_loss": mlm.detach(), "mlm_acc": acc, f"{self.task}_loss": pair.detach(),
+            f"{self.task}_acc": (logits.argmax(-1) == target).float().mean(),
         }  # fmt: skip
         return LossOutput(mlm + pair, n, metrics)
 

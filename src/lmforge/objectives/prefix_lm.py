@@ -85,4 +85,4 @@ class PrefixLM(Objective):
         logits = model(batch["input_ids"], prefix_len=batch["prefix_len"]).logits  # (B, T, V)
         labels = batch["labels"]
         loss = cross_entropy(logits, labels, IGNORE)
-        return LossOutput(loss, int((labels != IGNORE).sum()))
+        return LossOutput(loss, (labels != IGNORE).sum())

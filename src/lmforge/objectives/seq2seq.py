@@ -89,7 +89,7 @@ def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
     out = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=batch["decoder_input_ids"])
     labels = batch["labels"]
     loss = cross_entropy(out.logits, labels, IGNORE)
-    return LossOutput(loss, int((labels != IGNORE).sum()))
+    return LossOutput(loss, (labels != IGNORE).sum())
 
 
 def check_seq2seq_model(model_cfg, objective: str) -> None:

@@ -87,13 +87,15 @@ class SpanBERT(MaskedObjective):
         head = getattr(unwrap_model(model), "sbo", None)  # a bare encoder: the MLM loss alone
         if head is None or "sbo_left" not in batch:
             return LossOutput(mlm, n, {"mlm_acc": acc})
-        sel = batch["labels"] != M.IGNORE  # (B, T)
-        rows, cols = sel.nonzero(as_tuple=True)  # the N predicted tokens
+        T = batch["labels"].shape[1]
+        index = batch["mlm_index"] if "mlm_index" in batch else (batch["labels"] != M.IGNORE).flatten().nonzero()[:, 0]
+        rows, cols = index // T, index % T  # the N predicted tokens, in the order mlm_loss takes them
         h = out.last_hidden_state
         left, right = h[rows, batch["sbo_left"][rows, cols]], h[rows, batch["sbo_right"][rows, cols]]
         logits = head(left, right, batch["sbo_offset"][rows, cols], unwrap_model(model).backbone.tok_emb.weight)
-        sbo = F.cross_entropy(logits.float(), batch["labels"][sel]) if n else logits.sum() * 0.0
-        return LossOutput(mlm + sbo, n, {"mlm_acc": acc, "mlm_loss": float(mlm.detach()), "sbo_loss": float(sbo)})
+        target = batch["labels"].flatten().index_select(0, index)
+        sbo = F.cross_entropy(logits.float(), target) if index.numel() else logits.sum() * 0.0
+        return LossOutput(mlm + sbo, n, {"mlm_acc": acc, "mlm_loss": mlm.detach(), "sbo_loss": sbo.detach()})
 
 
 def span_boundaries(span: Tensor) -> tuple[Tensor, Tensor, Tensor]:
