@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp = d.add_parser("prepare", help="clean + tokenize text into memory-mapped shards")
     dp.add_argument("inputs", nargs="+", type=Path)
     dp.add_argument("--out", type=Path, required=True)
-    dp.add_argument("--tokenizer", type=Path, required=True, help="tokenizer dir or tokenizer.json")
+    dp.add_argument("--tokenizer", required=True, help="tokenizer dir, tokenizer.json, or a published one (gpt2)")
     dp.add_argument("--val-fraction", type=float, default=0.05)
     dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
     dp.set_defaults(fn=_data_prepare)

@@ -7,16 +7,11 @@ from pathlib import Path
 
 from lmforge.data.fetch import catalogue, fetch, fetch_summary, format_catalogue
 from lmforge.data.prepare import prepare
-from lmforge.errors import LMForgeError
 
 
-def tokenizer_fingerprint(tokenizer_path: Path) -> str:
-    """First 16 hex digits of the SHA-256 of the tokenizer's ``tokenizer.json``."""
-    path = Path(tokenizer_path)
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise LMForgeError(f"cannot load tokenizer: {file} does not exist")
-    return hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+def tokenizer_fingerprint(tokenizer) -> str:
+    """First 16 hex digits of the SHA-256 of the tokenizer's serialised form (its tokenizer.json)."""
+    return hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()[:16]
 
 
 def format_summary(out: Path, meta: dict) -> str:
@@ -38,17 +33,18 @@ def format_summary(out: Path, meta: dict) -> str:
 def cmd_prepare(
     inputs: list[Path],
     out: Path,
-    tokenizer_path: Path,
+    tokenizer_spec: str,
     val_fraction: float,
     clean: bool,
     text_field: str = "text",
     seed: int = 0,
 ) -> dict:
-    """Tokenize ``inputs`` (none: the bundled corpus) into ``out`` and print a summary; return meta."""
-    from lmforge.tokenizers import Tokenizer
+    """Tokenize ``inputs`` (none: the bundled corpus) into ``out`` with a tokenizer dir/file or a published one by
+    name (gpt2), and print a summary; return meta."""
+    from lmforge.tokenizers.published import load_tokenizer
 
-    fingerprint = tokenizer_fingerprint(tokenizer_path)
-    tokenizer = Tokenizer.load(tokenizer_path)
+    tokenizer = load_tokenizer(str(tokenizer_spec))
+    fingerprint = tokenizer_fingerprint(tokenizer)
     meta = prepare(
         [Path(p) for p in inputs] if inputs else None,
         Path(out),

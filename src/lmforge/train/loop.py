@@ -123,6 +123,8 @@ class Loop:
             ids = [device.index] if device.type == "cuda" else None
             self.model = DistributedDataParallel(self.model, device_ids=ids)
         self.autocast = autocast_for(device, cfg.precision)
+        if device.type == "cuda":  # float32 matmuls outside autocast (optimizer-free parts, fp32 runs) on TF32
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.batches = Prefetcher(batches, cfg.prefetch, pin_memory=device.type == "cuda")
         self.step = 0
         self.best: tuple[float, int] | None = None
