@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -33,6 +34,7 @@ sys.path.append(str(_HERE.parent / "src"))
 from model_table import BENCH_MODELS, require_available  # noqa: E402
 
 # Each bench model → the recipe the CLI trains it with (the objective bench/run.py's loss stands for).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RECIPES = {"gpt2": ("gpt", "gpt2-124m"), "bert": ("bert", "bert-base"), "roberta": ("roberta", "roberta-base"),
            "t5": ("t5", "t5-base")}  # fmt: skip
 
@@ -49,7 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nanogpt", type=Path, help="a local nanoGPT checkout: run its train.py on the same data")
     p.add_argument("--time-to-loss", action="store_true", help="gpt-fast vs nanoGPT's 1,200-step loss")
     p.add_argument("--fast-steps", type=int, default=1200, help="gpt-fast's step limit in --time-to-loss")
+    p.add_argument("--nanogpt-args", type=shlex.split, default=[], help="extra train.py overrides, one string")
+    p.add_argument("--fast-args", type=shlex.split, default=[], help="extra gpt-fast overrides, one string")
+    p.add_argument("--val-batches", type=int, default=20, help="validation windows (of 16) both models are scored on")
     p.add_argument("--out", type=Path, help="results JSON (default: $OUT/train_e2e.json or bench/results/)")
+    p.add_argument("--work", type=Path, help="keep the runs and logs here (default: a temporary dir)")
     return p.parse_args(argv)
 
 
@@ -118,10 +124,10 @@ def nanogpt_run(a, work: Path, steps: int = 1200) -> dict:
             (wd / f).symlink_to((a.nanogpt / f).resolve())
     args = ["--dataset=lmforge", "--batch_size=16", "--block_size=1024", "--gradient_accumulation_steps=1",
             f"--max_iters={steps}", f"--eval_interval={steps}", "--eval_iters=20", "--log_interval=50",
-            "--compile=True", f"--out_dir={wd / 'out'}", "--always_save_checkpoint=True"]  # fmt: skip
+            "--compile=True", f"--out_dir={wd / 'out'}", "--always_save_checkpoint=True", *a.nanogpt_args]  # fmt: skip
     t0 = time.perf_counter()
     with open(work / "nanogpt.log", "w") as f:
-        rc = subprocess.run([sys.executable, str(a.nanogpt / "train.py"), *args], cwd=wd, stdout=f,
+        rc = subprocess.run([sys.executable, str(a.nanogpt.resolve() / "train.py"), *args], cwd=wd, stdout=f,
                             stderr=subprocess.STDOUT).returncode  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"nanoGPT train.py failed (exit {rc}); see {work / 'nanogpt.log'}")
@@ -134,14 +140,14 @@ def nanogpt_val_loss(a, ckpt: Path, windows: list[torch.Tensor]) -> float:
     sys.path.insert(0, str(a.nanogpt.resolve()))
     from model import GPT, GPTConfig  # nanoGPT's
 
-    state = torch.load(ckpt, map_location="cuda", weights_only=True)
-    model = GPT(GPTConfig(**state["model_args"])).cuda().eval()
+    state = torch.load(ckpt, map_location=DEVICE, weights_only=True)
+    model = GPT(GPTConfig(**state["model_args"])).to(DEVICE).eval()
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
     total, n = 0.0, 0
     for w in windows:
-        w = w.cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, _ = model(w[:, :-1], w[:, 1:])
+        w = w.to(DEVICE)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            logits, _ = model(w[:, :-1].contiguous(), w[:, 1:].contiguous())
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(), reduction="sum")
         total, n = total + float(loss), n + w[:, 1:].numel()
     return total / n
@@ -152,11 +158,11 @@ def lmforge_val_loss(run: Path, windows: list[torch.Tensor]) -> float:
     from lmforge import load
     from lmforge.objectives.losses import lm_head_loss
 
-    model, _ = load(run, device="cuda")
+    model, _ = load(run, device=DEVICE)
     total, n = 0.0, 0
     for w in windows:
-        w = w.cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        w = w.to(DEVICE)
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
             h = model(w[:, :-1], return_logits=False).last_hidden_state
             total += float(lm_head_loss(model, h, w[:, 1:])) * w[:, 1:].numel()
         n += w[:, 1:].numel()
@@ -166,13 +172,14 @@ def lmforge_val_loss(run: Path, windows: list[torch.Tensor]) -> float:
 def time_to_loss(a, work: Path) -> dict:
     from lmforge.data import TokenLoader
 
-    windows = list(TokenLoader(a.data, "val", seq_len=1024, batch_size=16).eval_batches(20))
+    seq = a.seq or 1024
+    windows = list(TokenLoader(a.data, "val", seq_len=seq, batch_size=16).eval_batches(a.val_batches))
     nano = nanogpt_run(a, work)
     nano["val_loss"] = nanogpt_val_loss(a, Path(nano["ckpt"]), windows)
     run = work / "gpt-fast"
     over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
             f"--train.target_loss={nano['val_loss']:.4f}", f"--train.max_steps={a.fast_steps}",
-            "--sample.prompts=[]", "--train.compile"]  # fmt: skip
+            "--sample.prompts=[]", "--train.compile", *a.fast_args]  # fmt: skip
     wall = _cli(["pretrain", "gpt-fast", *over], work / "gpt-fast.log")
     evals = [r for r in _rows(run) if "val_loss" in r]
     fast = {"wall_s": wall, "steps": evals[-1]["step"], "val_loss_own_eval": evals[-1]["val_loss"],
@@ -187,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                      "torch": torch.__version__, "models": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="lmforge-e2e-") as tmp:
-        work = Path(tmp)
+        work = a.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for name in a.models:
             row = cli_throughput(name, a, work) | step_throughput(name, a)
             if row.get("cli_tokens_per_s") and row.get("step_tokens_per_s"):

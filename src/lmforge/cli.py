@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="prepare token shards or fetch corpora").add_subparsers(dest="sub", required=True)
     dp = d.add_parser("prepare", help="clean + tokenize text into memory-mapped shards")
-    dp.add_argument("inputs", nargs="+", type=Path)
+    dp.add_argument("inputs", nargs="*", type=Path, help="text files/dirs (none: the bundled corpus)")
     dp.add_argument("--out", type=Path, required=True)
     dp.add_argument("--tokenizer", required=True, help="tokenizer dir, tokenizer.json, or a published one (gpt2)")
     dp.add_argument("--val-fraction", type=float, default=0.05)
