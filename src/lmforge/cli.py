@@ -37,8 +37,13 @@ def _report_pretrain(trainer, final: dict) -> None:
         )
     s = cfg.sample
     if s.prompts and cfg.model.arch != "encoder":
+        model = trainer.raw_model
+        if cfg.train.parallel == "fsdp":  # its shards' process group is gone: sample from the saved weights
+            from lmforge.api import load
+
+            model = load(trainer.run_dir, trainer.device)[0]
         outs = generate_text(
-            trainer.raw_model, trainer.tokenizer, s.prompts, max_new_tokens=s.max_new_tokens,
+            model, trainer.tokenizer, s.prompts, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_k=s.top_k,
         )  # fmt: skip
         for p, o in zip(s.prompts, outs):
