@@ -139,6 +139,12 @@ def _tok_encode(args: argparse.Namespace) -> None:
     cmd_encode(args.tokenizer, args.text, args.file)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def _model_info(args: argparse.Namespace) -> None:
     import torch
 
@@ -165,6 +171,10 @@ def _model_info(args: argparse.Namespace) -> None:
         print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M), {cfg.arch}, d_model={cfg.d_model}, "
               f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
               f"max_seq_len={cfg.max_seq_len}")  # fmt: skip
+        if args.batch is not None:
+            from lmforge.train.memory import memory_table
+
+            print(memory_table(cfg, args.batch, args.seq or cfg.max_seq_len))
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -360,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model", help="inspect architectures").add_subparsers(dest="sub", required=True)
     mi = m.add_parser("info", help="parameter count of a preset, a run or checkpoint ('all': every preset)")
     mi.add_argument("preset", help="preset name, 'all', a family's published table (gpt3), or a run/checkpoint dir")
+    mi.add_argument("--batch", type=_positive, help="also print the memory per GPU (ddp, fsdp; 1-8 GPUs) at this batch")
+    mi.add_argument("--seq", type=_positive, help="sequence length of --batch's estimate (default: max_seq_len)")
     mi.set_defaults(fn=_model_info)
 
     cv = sub.add_parser("convert", help="convert between Hugging Face model dirs and lmforge checkpoints")
