@@ -104,7 +104,7 @@ def test_two_fsdp_processes_equal_one_process_with_double_batch(runs):
     assert max(float((full[k] - ref[k]).abs().max()) for k in ref) < 1e-5
 
 
-def test_sharded_checkpoint_resumes_on_1_then_4_processes_and_on_2(runs, prepared, tmp_path):
+def test_sharded_checkpoint_resumes_on_1_then_4_processes_on_2_and_under_ddp(runs, prepared, tmp_path):
     uninterrupted = losses(runs["fsdp"])
     # 2 → 1: the two-process checkpoint of step 2 continues in one process with the same global batch.
     on1 = tmp_path / "on1"
@@ -112,6 +112,13 @@ def test_sharded_checkpoint_resumes_on_1_then_4_processes_and_on_2(runs, prepare
     keep_only(on1, 2)
     one_process(*args(prepared, on1, "--train.batch_size=8", "--resume"), cwd=tmp_path)
     assert_close(uninterrupted, losses(on1), range(3, 7))
+    # A sharded checkpoint also continues under ddp (each process loads the full tensors).
+    as_ddp = tmp_path / "as_ddp"
+    shutil.copytree(runs["fsdp"], as_ddp)
+    keep_only(as_ddp, 2)
+    one_process(*args(prepared, as_ddp, "--train.batch_size=8", "--resume", "--train.parallel=ddp"), cwd=tmp_path)
+    assert_close(uninterrupted, losses(as_ddp), range(3, 7))
+    assert (ck.latest_checkpoint(as_ddp) / ck.WEIGHTS_FILE).is_file()
     # 1 → 4: the step-4 checkpoint that one process wrote continues in four.
     on4 = tmp_path / "on4"
     shutil.copytree(on1, on4)
@@ -252,6 +259,10 @@ def test_fsdp_only_settings_are_refused_under_ddp(prepared, tmp_path, capsys):
         assert rc != 0
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last == f"error: train.{key} needs train.parallel=fsdp (it is ddp)"
+    over = ["--train.parallel=fsdp", "--train.compile", "--train.compile_mode=reduce-overhead"]
+    assert main(args(prepared, tmp_path / "graphs", "--train.batch_size=4", *over)) != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: train.compile_mode=reduce-overhead (CUDA graphs) does not work with train.parallel=fsdp"
 
 
 def test_a_ddp_checkpoint_does_not_resume_under_fsdp(runs, prepared, tmp_path):

@@ -31,10 +31,13 @@ from lmforge.train.distributed import DistInfo
 
 
 def check_parallel(cfg: LoopConfig) -> None:
-    """Refuse settings that only mean something under parallel=fsdp."""
+    """Refuse settings that only mean something under parallel=fsdp, or that it cannot run."""
     for key in ("cpu_offload", "async_save"):
         if getattr(cfg, key, False) and cfg.parallel != "fsdp":
             raise LMForgeError(f"train.{key} needs train.parallel=fsdp (it is {cfg.parallel})")
+    if cfg.parallel == "fsdp" and cfg.compile and cfg.compile_mode == "reduce-overhead":
+        # CUDA graphs replay fixed addresses; FSDP gathers each block's weights into freshly allocated memory.
+        raise LMForgeError("train.compile_mode=reduce-overhead (CUDA graphs) does not work with train.parallel=fsdp")
 
 
 def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> nn.Module:
