@@ -89,13 +89,15 @@ def free_port() -> int:
 def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Path) -> dict:
     """One torchrun launch → {tokens_per_s, peak memory per GPU, ...} or {error}."""
     from lmforge.models import get_preset
+    from lmforge.tokenizers import Tokenizer
 
     name = f"{parallel}-{n}gpu"
     run_dir, stats = args.work / "runs" / name, args.work / "stats" / name
     for d in (run_dir, stats):
         shutil.rmtree(d, ignore_errors=True)
     stats.mkdir(parents=True)
-    vocab = get_preset(args.preset).vocab_size  # the preset's head, whatever the corpus tokenizer's size
+    # The preset's head whatever the corpus tokenizer's size (unless the tokenizer has more tokens).
+    vocab = max(get_preset(args.preset).vocab_size, Tokenizer.load(tok).vocab_size)
     overrides = [
         f"--run.dir={run_dir}", f"--data.tokenizer={tok}", f"--data.prepared={data}", f"--model.preset={args.preset}",
         f"--model.vocab_size={vocab}", f"--train.batch_size={args.batch}", f"--train.seq_len={args.seq}",

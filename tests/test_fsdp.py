@@ -277,3 +277,27 @@ def test_a_ddp_checkpoint_does_not_resume_under_fsdp(runs, prepared, tmp_path):
     assert res.stderr.strip().splitlines()[-1] == (
         f"error: checkpoint {where} was saved by a train.parallel=ddp run: resume it with ddp"
     )
+
+
+def test_lora_finetuning_of_a_sharded_run_under_fsdp_equals_one_process(runs, tmp_path):
+    """Fine-tuning starts from the sharded pretrained run (consolidated on load); under fsdp every rank evaluates,
+    RUN/best gathers the adapter and the task-token rows of the sharded embedding, and the best model is reloaded
+    into the shards."""
+    import tasks_testing as T
+
+    from lmforge.tasks.base import Dataset
+
+    full = T.sentiment(160, seed=1)
+    splits = {"train": Dataset(full.examples[:128], full.labels), "dev": Dataset(full.examples[128:], full.labels)}
+    labelled = T.write_labelled_dir(tmp_path / "sentiment", splits)
+    common = ["finetune", "sst2-gpt", "--init", str(runs["fsdp"]), "--data.source=dir", f"--data.dir={labelled}",
+              "--train.max_steps=4", "--train.log_every=1", "--train.eval_every=2", "--train.lr=2e-3",
+              "--task.max_len=48", "--data.max_eval=32", "--model.dropout=0", "--task.head_dropout=0",
+              "--task.lm_coef=0", "--peft.method=lora"]  # fmt: skip
+    one_process(*common, f"--run.dir={tmp_path / 'one'}", "--train.batch_size=8", cwd=tmp_path)
+    two = tmp_path / "two"
+    res = torchrun(2, *common, f"--run.dir={two}", "--train.batch_size=4", "--train.parallel=fsdp", cwd=tmp_path)
+    assert res.stdout.count("dev (best checkpoint)") == 1  # rank 0 reports
+    assert_close(losses(tmp_path / "one"), losses(two), range(1, 5))
+    assert json.loads((two / "eval.json").read_text()) == json.loads((tmp_path / "one" / "eval.json").read_text())
+    assert (two / "best" / ck.WEIGHTS_FILE).is_file() and ck.read_config(two / "best")["adapter_only"]
