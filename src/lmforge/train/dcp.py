@@ -10,9 +10,12 @@ the checkpoint appears when it is complete, and a run killed meanwhile keeps its
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import pickle
 import shutil
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -277,22 +280,24 @@ def read_full_weights(path: Path) -> dict[str, Tensor]:
 _ALLOWED = {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("collections", "OrderedDict"),
     *(("pathlib", c) for c in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),
 }
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata from its pickle, refusing any global but the metadata's own types."""
+    """Builds DCP's metadata from its pickle, refusing any global but plain-data types: DCP's own dataclasses and
+    enums (Metadata, TensorStorageMetadata, _StorageInfo, ...), torch.Size, dtypes, layouts and paths."""
 
     def find_class(self, module: str, name: str) -> Any:
-        import torch.distributed.checkpoint.metadata as meta
-
-        if (module, name) in _ALLOWED or (module == meta.__name__ and isinstance(getattr(meta, name, None), type)):
+        if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if module.startswith("torch.distributed.checkpoint.") and module in sys.modules:
+            found = getattr(sys.modules[module], name, None)
+            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+                return found
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in checkpoint metadata")
 
 

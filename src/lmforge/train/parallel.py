@@ -177,11 +177,19 @@ def clip_grad_norm(params: list[Tensor], max_norm: float, device: torch.device) 
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=device)
-    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-    if is_dtensor(norm):
-        norm = norm.full_tensor()
+    if is_dtensor(grads[0]) and grads[0].device != device:
+        # cpu_offload: the shards are on the CPU, the group's collectives on the GPU. Each element lies in one
+        # shard, so the squares of the local norms add up over the ranks.
+        local = torch.nn.utils.get_total_norm([g.to_local() for g in grads], 2.0, foreach=True)
+        squares = local.to(device) ** 2
+        dist.all_reduce(squares)
+        norm = squares.sqrt()
+    else:
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+        if is_dtensor(norm):
+            norm = norm.full_tensor()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.to(grads[0].device), foreach=True)
     return norm.to(device, non_blocking=True)
 
 
@@ -191,10 +199,12 @@ def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     done: dict[int, Tensor] = {}
     for name, t in module.state_dict(keep_vars=True).items():
-        if id(t) not in done:
-            full = t.full_tensor() if is_dtensor(t) else t
-            done[id(t)] = full.detach().cpu()
-        out[name] = done[id(t)]
+        key = id(t)
+        if key not in done:
+            if is_dtensor(t) and t.device.type != t.device_mesh.device_type:
+                t = t.to(t.device_mesh.device_type)  # offloaded shards: gathered through the GPU's group
+            done[key] = (t.full_tensor() if is_dtensor(t) else t).detach().cpu()
+        out[name] = done[key]
     return out
 
 
