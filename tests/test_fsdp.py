@@ -301,3 +301,19 @@ def test_lora_finetuning_of_a_sharded_run_under_fsdp_equals_one_process(runs, tm
     assert_close(losses(tmp_path / "one"), losses(two), range(1, 5))
     assert json.loads((two / "eval.json").read_text()) == json.loads((tmp_path / "one" / "eval.json").read_text())
     assert (two / "best" / ck.WEIGHTS_FILE).is_file() and ck.read_config(two / "best")["adapter_only"]
+
+
+def test_nonfinite_steps_are_skipped_and_the_gradient_norm_is_global_under_fsdp(tmp_path):
+    script = str(Path(__file__).with_name("fsdp_nonfinite.py"))
+
+    def report(cmd: list[str]) -> dict:
+        res = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-4000:]
+        return json.loads(next(line for line in res.stdout.splitlines() if line.startswith("{")))
+
+    one = report([sys.executable, script, str(tmp_path / "one"), "ddp"])
+    two = report([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+                  script, str(tmp_path / "two"), "fsdp"])  # fmt: skip
+    assert one["changed"] == two["changed"] == [1, 4]  # the NaN steps 2 and 3 left every shard as it was
+    assert one["skipped"] == two["skipped"] == [2, 3]
+    assert abs(one["norm1"] - two["norm1"]) < 1e-5 * one["norm1"]  # the norm over both ranks' shards
