@@ -81,3 +81,12 @@ def test_llama_presets_follow_galore_sizes():
         assert (cfg.norm, cfg.activation, cfg.position, cfg.bias, cfg.tie_embeddings) == (
             "rmsnorm", "swiglu", "rope", False, False,
         )  # fmt: skip
+
+
+def test_llama_3_2_presets_follow_the_published_configs():
+    for name, (d, layers, heads, head_dim) in {"llama-1b": (2048, 16, 32, 64), "llama-3b": (3072, 28, 24, 128)}.items():
+        cfg = get_preset(name)
+        assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.dim_head, cfg.kv_heads) == (d, layers, heads, head_dim, 8)
+        assert (cfg.d_ff, cfg.vocab_size, cfg.rope_base, cfg.norm_eps, cfg.tie_embeddings) == (
+            8192, 128256, 500000.0, 1e-5, True,
+        )  # fmt: skip

@@ -26,6 +26,9 @@ def _count(name: str) -> int:
 PUBLISHED = {
     "gpt2-124m": (124, 0, "OpenAI GPT-2 release (corrected count of the 117M model)"),
     "gpt2-350m": (355, 0, "OpenAI GPT-2 release (corrected count of the 345M model)"),
+    "gpt2-1.5b": (1558, 0, "OpenAI GPT-2 release (the 1558M model)"),
+    "llama-1b": (1240, -1, "Meta Llama 3.2 model card (1.23B)"),
+    "llama-3b": (3210, -1, "Meta Llama 3.2 model card (3.21B)"),
     "bert-base": (110, 0, "Devlin et al. 2019 §3"),
     "bert-large": (340, -1, "Devlin et al. 2019 §3"),
     "roberta-base": (125, 0, "fairseq RoBERTa README"),
@@ -53,6 +56,9 @@ SAME_PARTS = {
     "electra-small-generator": ("ElectraForMaskedLM", 0),
     "t5-base": ("T5ForConditionalGeneration", 0),
     "llama-60m": ("LlamaForCausalLM", 0),
+    "llama-1b": ("LlamaForCausalLM", 0),
+    "llama-3b": ("LlamaForCausalLM", 0),
+    "gpt2-1.5b": ("GPT2LMHeadModel", 0),
     "bert-base": ("BertForPreTraining", 0),
     "albert-base": ("AlbertForPreTraining", 0),
     "bart-base": ("BartForConditionalGeneration", 50265),  # plus the logits bias: a buffer in transformers

@@ -38,8 +38,13 @@ def _report_pretrain(trainer, final: dict) -> None:
         )
     s = cfg.sample
     if s.prompts and cfg.model.arch != "encoder":
+        model = trainer.raw_model
+        if cfg.train.parallel == "fsdp":  # its shards' process group is gone: sample from the saved weights
+            from lmforge.api import load
+
+            model = load(trainer.run_dir, trainer.device)[0]
         outs = generate_text(
-            trainer.raw_model, trainer.tokenizer, s.prompts, max_new_tokens=s.max_new_tokens,
+            model, trainer.tokenizer, s.prompts, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_k=s.top_k,
         )  # fmt: skip
         for p, o in zip(s.prompts, outs):
@@ -142,6 +147,12 @@ def _tok_encode(args: argparse.Namespace) -> None:
     cmd_encode(args.tokenizer, args.text, args.file)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def _model_info(args: argparse.Namespace) -> None:
     import torch
 
@@ -168,6 +179,10 @@ def _model_info(args: argparse.Namespace) -> None:
         print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M), {cfg.arch}, d_model={cfg.d_model}, "
               f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
               f"max_seq_len={cfg.max_seq_len}")  # fmt: skip
+        if args.batch is not None:
+            from lmforge.train.memory import memory_table
+
+            print(memory_table(cfg, args.batch, args.seq or cfg.max_seq_len))
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -368,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model", help="inspect architectures").add_subparsers(dest="sub", required=True)
     mi = m.add_parser("info", help="parameter count of a preset, a run or checkpoint ('all': every preset)")
     mi.add_argument("preset", help="preset name, 'all', a family's published table (gpt3), or a run/checkpoint dir")
+    mi.add_argument("--batch", type=_positive, help="also print the memory per GPU (ddp, fsdp; 1-8 GPUs) at this batch")
+    mi.add_argument("--seq", type=_positive, help="sequence length of --batch's estimate (default: max_seq_len)")
     mi.set_defaults(fn=_model_info)
 
     cv = sub.add_parser("convert", help="convert between Hugging Face model dirs and lmforge checkpoints")

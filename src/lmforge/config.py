@@ -305,9 +305,11 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | 
 
 
 CHANGEABLE_ON_RESUME = ("train.", "sample.", "run.dir")
-FIXED_ON_RESUME = ("train.seq_len", "train.batch_size", "train.optimizer", "train.layer_decay")
-"""Keys of the train section that the saved data position or optimizer state depends on."""
-RESUME_FIXED = ("train.batch_size", "train.optimizer", "train.layer_decay")
+FIXED_ON_RESUME = ("train.seq_len", "train.optimizer", "train.layer_decay")
+"""Keys of the train section that the saved data position or optimizer state depends on. train.batch_size may
+change with the number of processes: the loaders refuse a resume whose global batch (batch_size × processes)
+differs from the saved one."""
+RESUME_FIXED = ("train.optimizer", "train.layer_decay")
 """The same for runs over examples (fine-tuning, alignment): no sequence length."""
 
 

@@ -73,10 +73,23 @@ class LoopConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """auto = bf16 autocast on GPUs that support it, fp32 on CPU."""
     compile: bool = False
-    """torch.compile the model."""
+    """torch.compile the model (each transformer block on its own under parallel=fsdp)."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
     launches (small batches, many layers)."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Data parallelism over torchrun's processes: ddp replicates the model on every GPU; fsdp (PyTorch FSDP2)
+    shards parameters, gradients and optimizer state per transformer block (bf16 parameters, fp32 gradient
+    reduction on GPUs under precision auto/bf16) and saves sharded checkpoints (torch.distributed.checkpoint)."""
+    cpu_offload: bool = False
+    """parallel=fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (the optimizer
+    steps on the CPU); fits larger models, trains slower."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of storing them: about one
+    more forward pass of compute for activation memory of one block's input per layer."""
+    async_save: bool = False
+    """parallel=fsdp: write checkpoints in a background thread once they are copied to CPU memory; training goes on
+    meanwhile and a checkpoint appears (manifest last) when its files are on disk."""
     device: str = "auto"
     """auto (cuda:LOCAL_RANK if a GPU is present, else cpu), cpu, cuda or cuda:N."""
     deterministic: bool = False

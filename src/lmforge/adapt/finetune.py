@@ -88,7 +88,7 @@ class AdapterWeights(nn.Module):
         rows = torch.tensor(self.token_rows, dtype=torch.long)
         for name, weight in self._row_params().items():
             if name not in state:  # a trained table is saved whole already
-                state[f"{name}.rows"] = weight.detach()[rows.to(weight.device)]  # (n_rows, dim)
+                state[f"{name}.rows"] = _whole(weight.detach())[rows.to(weight.device)]  # (n_rows, dim)
         return state
 
     @torch.no_grad()
@@ -106,8 +106,26 @@ class AdapterWeights(nn.Module):
         rows = torch.tensor(self.token_rows, dtype=torch.long)
         for key, value in state_dict.items():
             if key in params:
-                params[key].copy_(value)
+                _assign(params[key], value)
             elif key.endswith(".rows") and key[: -len(".rows")] in tables:
                 table = tables[key[: -len(".rows")]]
-                table[rows.to(table.device)] = value.to(table.device, table.dtype)
+                whole = _whole(table).clone() if table is not _whole(table) else table
+                whole[rows.to(table.device)] = value.to(table.device, table.dtype)
+                if whole is not table:
+                    _assign(table, whole)
         return _IncompatibleKeys(missing, unexpected)
+
+
+def _whole(t: Tensor) -> Tensor:
+    """A tensor sharded over processes (a DTensor, under train.parallel=fsdp) gathered whole; others as they are.
+    Every process must call it for a sharded tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _assign(dst: Tensor, value: Tensor) -> None:
+    """dst[...] = value, where dst may be a shard of a tensor and value the whole tensor (or its shards)."""
+    if hasattr(dst, "device_mesh") and not hasattr(value, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value.to(dst.device, dst.dtype), dst.device_mesh, dst.placements, src_data_rank=None)
+    dst.copy_(value)

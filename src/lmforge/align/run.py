@@ -110,7 +110,8 @@ class Run:
             batches = ShuffledBatches(items, cfg.train.batch_size, cfg.run.seed, make, d)
             spec = LoopSpec(
                 saved=lambda: Saved(model, config, tok),
-                evaluate=lambda step: evaluate() if d.is_main else {},
+                # A sharded model's forward needs every rank: under fsdp each evaluates (rank 0's result is used).
+                evaluate=lambda step: evaluate() if d.is_main or cfg.train.parallel == "fsdp" else {},
                 eval_prefix="dev_",
                 resume_hint=f"lmforge align {cfg.method} --run.dir={self.dir} --resume",
             )

@@ -40,6 +40,7 @@ _GPT2_VOCAB = dict(vocab_size=50257, max_seq_len=1024)
 preset("gpt2-124m", F.GPT2, d_model=768, n_layers=12, n_heads=12, d_ff=3072, **_GPT2_VOCAB)
 preset("gpt2-350m", F.GPT2, d_model=1024, n_layers=24, n_heads=16, d_ff=4096, **_GPT2_VOCAB)
 preset("gpt2-774m", F.GPT2, d_model=1280, n_layers=36, n_heads=20, d_ff=5120, **_GPT2_VOCAB)
+preset("gpt2-1.5b", F.GPT2, d_model=1600, n_layers=48, n_heads=25, d_ff=6400, **_GPT2_VOCAB)
 # Small sizes for CPU runs: `gpt-tiny` for tests, `gpt-mini` for the README demo.
 preset("gpt-tiny", F.GPT2, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 preset("gpt-mini", F.GPT2, vocab_size=4096, d_model=192, n_layers=4, n_heads=6, d_ff=768, max_seq_len=256)
@@ -79,6 +80,13 @@ _LLAMA = dict(vocab_size=32000, max_seq_len=1024, rope_base=10000.0, init_std=0.
 preset("llama-60m", F.LLAMA, d_model=512, n_layers=8, n_heads=8, d_ff=1376, **_LLAMA)
 preset("llama-130m", F.LLAMA, d_model=768, n_layers=12, n_heads=12, d_ff=2048, **_LLAMA)
 preset("llama-350m", F.LLAMA, d_model=1024, n_layers=24, n_heads=16, d_ff=2736, **_LLAMA)
+# Llama 3.2 shapes (Meta's published 1B and 3B configs): 128,256-token vocabulary, grouped-query attention with 8
+# key/value heads, RoPE base 500,000, RMSNorm eps 1e-5, tied input/output embeddings, 8,192-token pretraining
+# context (the released models stretch RoPE to 128k with llama3 frequency scaling, which is not modelled here).
+_LLAMA32 = dict(vocab_size=128256, max_seq_len=8192, rope_base=500000.0, norm_eps=1e-5, n_kv_heads=8,
+                tie_embeddings=True, init_std=0.02)  # fmt: skip
+preset("llama-1b", F.LLAMA, d_model=2048, n_layers=16, n_heads=32, d_ff=8192, **_LLAMA32)
+preset("llama-3b", F.LLAMA, d_model=3072, n_layers=28, n_heads=24, d_ff=8192, **_LLAMA32)
 # Test size with grouped-query attention (2 key/value heads serve 4 query heads).
 preset(
     "llama-tiny", F.LLAMA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=172, max_seq_len=128

@@ -12,6 +12,21 @@ A checkpoint is a directory ``RUN/checkpoints/step_<N>/`` holding:
 
 Keys are stored without the ``_orig_mod.`` (torch.compile) and ``module.`` (DDP) wrapper prefixes, so
 compiled, eager and DDP checkpoints are interchangeable.
+
+A run with ``train.parallel=fsdp`` writes sharded checkpoints instead (``train/dcp.py``): the same directory
+and files, except that ``model.safetensors`` is replaced by
+
+- ``dcp/``: a torch.distributed.checkpoint directory: ``.metadata`` (every tensor's global shape, dtype and
+  where its chunks lie) and one ``__<rank>_<i>.distcp`` file per writing rank holding that rank's shards. Its
+  tensors are ``model.<name>`` (the weights, wrapper-free names as above) and ``optim.state.<name>.<key>``
+  (AdamW's moments and step, Muon's momentum), each stored as the shards the ranks held;
+- ``train_state.pt`` also holds ``optim_rest``: the optimizer's param groups and its non-tensor state (plain
+  data, so the checkpoint never holds pickled objects beside DCP's own metadata, which is read with an allowlist).
+
+Every rank writes its own shards into the scratch dir; rank 0 writes the other files and, once every shard is on
+disk (hashed by the rank that wrote it), the manifest, and publishes the directory with one rename. A sharded
+checkpoint loads into any number of processes (DCP reshards on load), and ``read_weights`` consolidates its
+weights in a single process, so ``lmforge.load``, ``lmforge convert`` and ``run.init`` read it like any other.
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ import re
 import shutil
 import sys
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +50,7 @@ from torch import nn
 from lmforge.errors import LMForgeError
 from lmforge.files import fsync_dir, hash_file, load_torch_file, os_reason
 from lmforge.models.config import upgrade_saved_model
+from lmforge.train.parallel import local, shard_like
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
@@ -43,7 +59,10 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 TRAIN_STATE_FILE = "train_state.pt"
 MANIFEST_FILE = "manifest.json"
-_RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE}
+SHARDS_DIR = "dcp"
+"""The torch.distributed.checkpoint directory of a sharded checkpoint (train/dcp.py)."""
+SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
+_RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE, SHARDS_DIR}
 _TIED_META = "lmforge.tied"  # safetensors metadata: JSON {alias name: stored name}
 _STEP_RE = re.compile(r"step_(\d+)")
 _SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)(?:-([0-9a-f]+))?")
@@ -86,12 +105,14 @@ def _normalize_keys(keys: list[str]) -> dict[str, str]:
 
 def _view_key(t: torch.Tensor) -> tuple:
     """Identifies one exact view of one storage: equal keys mean the same (tied) tensor."""
+    t = local(t)  # a DTensor shard: its local tensor
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
-def _tensors_to_save(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Wrapper-free CPU tensors to write, each shared tensor once, plus {alias: stored name}."""
-    state = unwrap_model(model).state_dict()
+def _tensors_to_save(model: nn.Module | Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Wrapper-free CPU tensors to write (of a module or a state dict), each shared tensor once, plus {alias: stored
+    name}."""
+    state = model if isinstance(model, Mapping) else unwrap_model(model).state_dict()
     names = _normalize_keys(list(state))
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
@@ -209,25 +230,42 @@ def _write_contents(
     on_partial: Callable[[], None] | None,
 ) -> None:
     """Fill the scratch directory; the manifest comes last and only after every file is on disk."""
-    if tokenizer is not None:
-        tokenizer.save(tmp)
-        clash = sorted(_RESERVED & {p.name for p in tmp.iterdir()})
-        if clash:
-            raise ValueError(f"tokenizer.save wrote {clash[0]}, a name the checkpoint itself uses")
-    _write_yaml(tmp / CONFIG_FILE, config)
+    write_side_files(tmp, config, tokenizer)
     if on_partial is not None:
         on_partial()
     tensors, aliases = _tensors_to_save(model)
     save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", _TIED_META: json.dumps(aliases)})
     del tensors
     if train_state is not None:
-        with open(tmp / TRAIN_STATE_FILE, "wb") as f:
-            torch.save(train_state, f)
-    files = {}
+        write_train_state(tmp, train_state)
+    write_manifest(tmp, step)
+
+
+def write_side_files(tmp: Path, config: dict, tokenizer: Tokenizer | None) -> None:
+    """The tokenizer files and config.yaml of a checkpoint being written in `tmp`."""
+    if tokenizer is not None:
+        tokenizer.save(tmp)
+        clash = sorted(_RESERVED & {p.name for p in tmp.iterdir()})
+        if clash:
+            raise ValueError(f"tokenizer.save wrote {clash[0]}, a name the checkpoint itself uses")
+    _write_yaml(tmp / CONFIG_FILE, config)
+
+
+def write_train_state(tmp: Path, train_state: dict) -> None:
+    with open(tmp / TRAIN_STATE_FILE, "wb") as f:
+        torch.save(train_state, f)
+
+
+def write_manifest(tmp: Path, step: int, known: dict[str, dict] | None = None) -> None:
+    """Hash every file under `tmp` (except those in `known`: relative path → {size, sha256}, hashed already),
+    fsync them, then write manifest.json and fsync the directories: the checkpoint is complete."""
+    files = dict(known or {})
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        size, digest = hash_file(path, fsync=True)
-        files[path.relative_to(tmp).as_posix()] = {"size": size, "sha256": digest}
-    manifest = json.dumps({"format": 1, "step": step, "files": files}, indent=1)
+        rel = path.relative_to(tmp).as_posix()
+        if rel not in files:
+            size, digest = hash_file(path, fsync=True)
+            files[rel] = {"size": size, "sha256": digest}
+    manifest = json.dumps({"format": 1, "step": step, "files": dict(sorted(files.items()))}, indent=1)
     with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
         f.write(manifest)
         f.flush()
@@ -334,7 +372,7 @@ def verify_checkpoint(ckpt: Path) -> str | None:
         return f"no {MANIFEST_FILE} (the save did not finish)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{MANIFEST_FILE} is unreadable"
-    if WEIGHTS_FILE not in files:
+    if WEIGHTS_FILE not in files and SHARDS_METADATA not in files:
         return f"{MANIFEST_FILE} lists no {WEIGHTS_FILE}"
     for rel, (size, _) in files.items():  # cheap checks first
         path = ckpt / rel
@@ -387,8 +425,13 @@ def model_checkpoint(path: Path) -> Path:
 
 
 def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All weights of a checkpoint by name; tied names map to the same tensor."""
+    """All weights of a checkpoint by name; tied names map to the same tensor. A sharded checkpoint's weights are
+    consolidated here, in this process."""
     path = Path(ckpt) / WEIGHTS_FILE
+    if not path.is_file() and (Path(ckpt) / SHARDS_METADATA).is_file():
+        from lmforge.train.dcp import read_full_weights
+
+        return {k: v.to(device) for k, v in read_full_weights(Path(ckpt)).items()}
     if not path.is_file():
         raise LMForgeError(f"no {WEIGHTS_FILE} in {ckpt}")
     try:
@@ -404,7 +447,8 @@ def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, to
 
 
 def load_weights(ckpt: Path, model: nn.Module, strict: bool = True) -> tuple[list[str], list[str]]:
-    """Copy checkpoint weights into ``model`` (possibly compiled or DDP-wrapped), keeping its tied weights.
+    """Copy checkpoint weights into ``model`` (possibly compiled, DDP-wrapped or sharded: each rank keeps its
+    shard of the full tensors), keeping its tied weights.
 
     Returns the (missing, unexpected) key names, which can be non-empty only when ``strict`` is False.
     """
@@ -417,7 +461,8 @@ def load_weights(ckpt: Path, model: nn.Module, strict: bool = True) -> tuple[lis
     missing, unexpected = _check_match(own_by_name, saved, strict)
     _check_ties(own_by_name, saved)
     actual_key = {n: k for k, n in names.items()}
-    target.load_state_dict({actual_key[n]: t for n, t in saved.items() if n in own_by_name}, strict=False)
+    saved = shard_like(own_by_name, {n: t for n, t in saved.items() if n in own_by_name})
+    target.load_state_dict({actual_key[n]: t for n, t in saved.items()}, strict=False)
     return missing, unexpected
 
 

@@ -167,10 +167,17 @@ class FineTuner:
         with autocast_for(self.device, self.cfg.train.precision):
             return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
 
+    @property
+    def _every_rank(self) -> bool:
+        """Whether every rank evaluates: a sharded model's forward needs them all."""
+        return self.cfg.train.parallel == "fsdp"
+
     def _evaluate(self, step: int) -> dict[str, float]:
-        if not self.dist.is_main:
+        if not (self.dist.is_main or self._every_rank):
             return {}
         metrics = self.evaluate("dev")
+        if not self.dist.is_main:
+            return metrics
         epoch = step / self.per_epoch
         status(f"step {step} (epoch {epoch:g}): dev " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         return metrics
@@ -180,7 +187,7 @@ class FineTuner:
         {} on the other ranks)."""
         try:
             self.loop.run()
-            final = self.finish() if self.dist.is_main else {}
+            final = self.finish() if self.dist.is_main or self._every_rank else {}
             barrier(self.dist)
         finally:
             if self.log is not None:
@@ -193,10 +200,13 @@ class FineTuner:
         """Reload the best checkpoint, evaluate dev (and a labelled test split) and write eval.json."""
         ckpt.load_weights(ckpt.model_checkpoint(self.run_dir), self.weights)
         final = self.evaluate("dev")
-        write_json(self.run_dir / "eval.json", final)
         test = self.splits.get("test")
-        if test is not None and _labelled(test):
-            write_json(self.run_dir / "eval_test.json", self.evaluate("test"))
+        tested = self.evaluate("test") if test is not None and _labelled(test) else None
+        if not self.dist.is_main:
+            return {}
+        write_json(self.run_dir / "eval.json", final)
+        if tested is not None:
+            write_json(self.run_dir / "eval_test.json", tested)
         return final
 
 

@@ -13,20 +13,20 @@ import statistics
 import sys
 from collections import deque
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
+from lmforge.train import parallel
 from lmforge.train.callbacks import Callbacks
+from lmforge.train.dcp import ShardedCheckpoints, is_sharded, load_sharded
 from lmforge.train.distributed import DistInfo, barrier, broadcast_object
 from lmforge.train.metrics import MetricsLogger, Progress, Throughput, plot_metrics
 from lmforge.train.optim import Schedule, build_optimizer
@@ -93,6 +93,18 @@ class _Pending:
     bad: list[Tensor] = field(default_factory=list)
 
 
+class LossStep(nn.Module):
+    """`loss_fn(model, batch)` as one module → (loss, the objective's metrics)."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, dict[str, Tensor]], LossOutput]) -> None:
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        out = self.loss_fn(self.model, batch)
+        return out.loss, out.metrics
+
+
 class Loop:
     """Trains `model` with `loss_fn(model, batch) -> LossOutput` over `batches` for `cfg.max_steps` steps."""
 
@@ -113,15 +125,17 @@ class Loop:
         self.raw, self.loss_fn, self.cfg, self.spec = model, loss_fn, cfg, spec
         self.run_dir, self.dist, self.device, self.log = Path(run_dir), dist, device, log
         self.callbacks = callbacks or Callbacks.installed()
+        # DDP wraps the model; FSDP shards it in place: the optimizer is built on the shards.
+        self.model = parallel.parallelize(model, cfg, dist, device)
+        # One module of the model and its loss, so torch.compile sees (and fuses) the LM head and the cross-entropy
+        # with the forward, as a training step is timed alone (bench/run.py).
+        self.step_fn: nn.Module = LossStep(self.model, loss_fn)
+        if cfg.compile and cfg.parallel != "fsdp":  # fsdp compiles each block (train/parallel.py)
+            self.step_fn = torch.compile(self.step_fn, mode=cfg.compile_mode)
+        self.sharded = ShardedCheckpoints(dist, cfg.async_save) if parallel.is_sharded(model) else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg, device)
         self.schedule = Schedule(self.optimizer, cfg, cfg.max_steps)
-        self.model = model
-        if cfg.compile:
-            self.model = torch.compile(self.model, mode=cfg.compile_mode)
-        if dist.enabled:
-            ids = [device.index] if device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.model, device_ids=ids)
         self.autocast = autocast_for(device, cfg.precision)
         if device.type == "cuda":  # float32 matmuls outside autocast (optimizer-free parts, fp32 runs) on TF32
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -151,13 +165,19 @@ class Loop:
 
     def restore(self, path: Path, on_rank: Callable[[int], None] | None = None) -> None:
         """Continue from checkpoint `path`: weights, optimizer, schedule, data position, RNG and step."""
-        ckpt.load_weights(path, self.spec.saved().weights)
         state = ckpt.load_train_state(path)
+        # The run's config sets every hyper-parameter (a resumed run's --train.lr, betas, weight decay apply
+        # from here on); the checkpoint gives the optimizer's state and the step.
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        if is_sharded(path):  # any world size, any parallelism
+            load_sharded(path, self.raw, self.optimizer, self.spec.saved().weights, state)
+        elif self.sharded is not None:
+            raise LMForgeError(f"checkpoint {path} was saved by a train.parallel=ddp run: resume it with ddp")
+        else:
+            ckpt.load_weights(path, self.spec.saved().weights)
         try:
-            # The run's config sets every hyper-parameter (a resumed run's --train.lr, betas, weight decay apply
-            # from here on); the checkpoint gives the optimizer's state and the step.
-            fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            self.optimizer.load_state_dict(state["optimizer"])
+            if not is_sharded(path):
+                self.optimizer.load_state_dict(state["optimizer"])
             for group, hyper in zip(self.optimizer.param_groups, fresh):
                 group.update(hyper)
             self.schedule.load_state_dict(state["scheduler"])
@@ -188,24 +208,18 @@ class Loop:
     def _micro_step(self, batch: Batch, last: bool) -> Tensor:
         torch.compiler.cudagraph_mark_step_begin()  # with CUDA graphs: the last replay's outputs may be reused
         data = {k: v.to(self.device, non_blocking=True) for k, v in batch.data.items()}
-        sync = self.model.no_sync() if self.dist.enabled and not last else nullcontext()
-        with sync:
+        with parallel.no_sync(self.model, last):
             with self.autocast:
-                out = self.loss_fn(self.model, data)
-            (out.loss * (batch.weight / self.cfg.grad_accum)).backward()
-        self.parts = out.metrics
-        return out.loss.detach() * batch.weight
+                loss, self.parts = self.step_fn(data)
+            (loss * (batch.weight / self.cfg.grad_accum)).backward()
+        return loss.detach() * batch.weight
 
     def train_step(self) -> None:
         """One optimizer step over grad_accum micro-batches; its loss, norm and finiteness stay on the device."""
         c = self.cfg
         losses = [self._micro_step(next(self.batches), i == c.grad_accum - 1) for i in range(c.grad_accum)]
         loss = torch.stack(losses).mean()
-        if c.grad_clip > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip, foreach=True)
-        else:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            gnorm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else loss * 0
+        gnorm = parallel.clip_grad_norm(self.params, c.grad_clip, loss.device)  # over every rank's shards
         bad = (~(torch.isfinite(loss) & torch.isfinite(gnorm))).float()
         if self.dist.enabled:  # every rank must skip the same steps, or their weights would drift apart
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
@@ -298,26 +312,47 @@ class Loop:
         self.last_eval = metrics
         if self.spec.stop_when is not None:  # every rank decides alike: each evaluates, or all see rank 0's
             self.done_early = bool(broadcast_object(bool(metrics) and self.spec.stop_when(metrics), self.dist))
-        if not self.dist.is_main or not metrics:
-            return
-        extra = self.spec.eval_fields(self.step) if self.spec.eval_fields else {}
-        self.log.log(self.step, **extra, **{f"{self.spec.eval_prefix}{k}": v for k, v in metrics.items()})
-        sel = self.spec.select
-        if sel is not None:
+        if self.dist.is_main and metrics:
+            extra = self.spec.eval_fields(self.step) if self.spec.eval_fields else {}
+            self.log.log(self.step, **extra, **{f"{self.spec.eval_prefix}{k}": v for k, v in metrics.items()})
+        if self.spec.select is not None:
+            self._select(metrics)
+
+    def _select(self, metrics: dict[str, float]) -> None:
+        """Keep this evaluation's model in RUN/best if it is the best so far (decided on rank 0; under fsdp every
+        rank takes part in gathering the weights)."""
+        sel, best = self.spec.select, None
+        if self.dist.is_main and metrics:
             if sel.metric not in metrics:
                 raise LMForgeError(f"train.select_metric '{sel.metric}' is not among the dev metrics {list(metrics)}")
             if sel.better(metrics[sel.metric], self.best[0] if self.best else None):
-                self.best = (metrics[sel.metric], self.step)
-                saved = self.spec.saved()
-                config = {**saved.config, "dev": metrics, "step": self.step}
-                ckpt.write_checkpoint_dir(self.run_dir / ckpt.BEST_DIR, saved.weights, config=config,
-                                          tokenizer=saved.tokenizer, step=self.step)  # fmt: skip
+                best = (metrics[sel.metric], self.step)
+        if self.sharded is not None:
+            best = broadcast_object(best, self.dist)
+        if best is None:
+            return
+        self.best = best
+        saved = self.spec.saved()
+        weights = parallel.full_state_dict(saved.weights) if self.sharded is not None else saved.weights
+        if self.dist.is_main:
+            config = {**saved.config, "dev": metrics, "step": self.step}
+            ckpt.write_checkpoint_dir(self.run_dir / ckpt.BEST_DIR, weights, config=config,
+                                      tokenizer=saved.tokenizer, step=self.step)  # fmt: skip
 
     def save(self) -> None:
         state = self.train_state()  # every rank takes part in gathering loader and RNG states
+        protect = (self.pre_streak_ckpt,) if self.streak and self.pre_streak_ckpt is not None else ()
+        if self.sharded is not None:  # every rank writes its shards (train/dcp.py)
+            del state["optimizer"]
+            saved, step = self.spec.saved(), self.step  # with async_save, on_partial fires later, in the writer
+            self.sharded.save(
+                self.run_dir, self.step, self.raw, self.optimizer, saved.weights, config=saved.config,
+                tokenizer=saved.tokenizer, train_state=state, keep_last=self.cfg.keep_last, protect=protect,
+                on_partial=lambda: self.callbacks.fire("checkpoint", step),
+            )  # fmt: skip
+            return
         if self.dist.is_main:
             saved = self.spec.saved()
-            protect = (self.pre_streak_ckpt,) if self.streak and self.pre_streak_ckpt is not None else ()
             ckpt.save_checkpoint(
                 self.run_dir, self.step, saved.weights, config=saved.config, tokenizer=saved.tokenizer,
                 train_state=state, keep_last=self.cfg.keep_last, protect=protect,
@@ -376,6 +411,8 @@ class Loop:
         finally:
             self.batches.close()
             torch.use_deterministic_algorithms(was_deterministic)
+            if self.sharded is not None:
+                self.sharded.wait()  # an asynchronous save still being written
             if self.progress is not None:
                 self.progress.close()
         if self.dist.is_main:

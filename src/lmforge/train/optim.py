@@ -127,6 +127,9 @@ class Optimizers:
 
     def step(self, found_inf: Tensor | None = None) -> None:
         for opt in self.optimizers.values():
+            first = next((p for g in opt.param_groups for p in g["params"]), None)
+            if found_inf is not None and first is not None and found_inf.device != first.device:
+                found_inf = found_inf.to(first.device)  # parameters offloaded to the CPU (fsdp cpu_offload)
             opt.found_inf, opt.grad_scale = found_inf, None
             opt.step()
             del opt.found_inf, opt.grad_scale

@@ -1,0 +1,220 @@
+"""Parallelism applied to a built model: DDP, or FSDP2 (`torch.distributed.fsdp.fully_shard`) per transformer block
+and on the root, with activation checkpointing and torch.compile per block. Models know nothing of it.
+
+Under fsdp every parameter becomes a DTensor sharded over the ranks (dim 0): each rank holds 1/N of the weights,
+gradients and optimizer state, all-gathers a block's weights just before its forward (and backward) and
+reduce-scatters its gradients right after. The root unit holds what lies outside the blocks (embeddings, LM head,
+norms, task heads); it stays unsharded after forward, so objectives may call its head (`model.logits`) after the
+model's forward. Blocks that run more than once per forward (ALBERT's shared block), whose parameters another block
+shares (T5's shared encoder-decoder) or that are driven sublayer by sublayer (Transformer-XL / XLNet recurrence)
+belong to the root unit. On GPUs under precision auto/bf16, parameters are all-gathered in bf16 and gradients
+reduced in fp32 (MixedPrecisionPolicy); on CPUs (gloo) everything stays fp32."""
+
+from __future__ import annotations
+
+import atexit
+from contextlib import AbstractContextManager, nullcontext
+from functools import wraps
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+from lmforge.errors import LMForgeError
+from lmforge.models.layers import Block
+from lmforge.models.stack import Stack
+from lmforge.sections import LoopConfig
+from lmforge.train.distributed import DistInfo
+
+
+def check_parallel(cfg: LoopConfig) -> None:
+    """Refuse settings that only mean something under parallel=fsdp, or that it cannot run."""
+    for key in ("cpu_offload", "async_save"):
+        if getattr(cfg, key, False) and cfg.parallel != "fsdp":
+            raise LMForgeError(f"train.{key} needs train.parallel=fsdp (it is {cfg.parallel})")
+    if cfg.parallel == "fsdp" and cfg.compile and cfg.compile_mode == "reduce-overhead":
+        # CUDA graphs replay fixed addresses; FSDP gathers each block's weights into freshly allocated memory.
+        raise LMForgeError("train.compile_mode=reduce-overhead (CUDA graphs) does not work with train.parallel=fsdp")
+
+
+def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> nn.Module:
+    """Apply activation checkpointing, compile and DDP or FSDP to `model` → the module the loop calls.
+
+    fsdp shards `model` in place (the returned module is `model` itself) and compiles each block when cfg.compile;
+    ddp wraps it (the loop then compiles the model together with its loss). Build the optimizer afterwards: under
+    fsdp its parameters are the shards."""
+    check_parallel(cfg)
+    blocks = all_blocks(model)
+    if cfg.activation_checkpointing:
+        for block in blocks:
+            _checkpoint_forward(block)
+    if cfg.parallel == "fsdp":
+        if cfg.compile:  # per block: graphs stay small and FSDP's hooks stay outside them
+            for block in blocks:
+                block.forward = torch.compile(block.forward, mode=cfg.compile_mode)
+        shard(model, cfg, dist_info, device)
+        return model
+    if dist_info.enabled:  # compiled with its loss by the loop (LossStep), not here
+        ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+    return model
+
+
+def all_blocks(model: nn.Module) -> list[nn.Module]:
+    """Every transformer block of `model` (stacks, multi-token-prediction heads), once each."""
+    return [m for m in model.modules() if isinstance(m, Block)]
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks that get an FSDP unit of their own (see the module docstring for those that do not)."""
+    own: set[int] = set()
+    for stack in (m for m in model.modules() if isinstance(m, Stack)):
+        if stack.cfg.share_layers or stack.cfg.position == "xl":
+            own |= {id(b) for b in stack.blocks}
+    blocks = [b for b in all_blocks(model) if id(b) not in own]
+    holders: dict[int, int] = {}
+    for b in blocks:
+        for p in b.parameters():
+            holders[id(p)] = holders.get(id(p), 0) + 1
+    return [b for b in blocks if all(holders[id(p)] == 1 for p in b.parameters())]
+
+
+def _checkpoint_forward(block: nn.Module) -> None:
+    """Recompute `block`'s forward in backward (non-reentrant checkpointing); hooks and parameter names stay."""
+    forward = block.forward
+
+    @wraps(forward)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed
+
+
+def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> None:
+    """fully_shard each block unit, then the root, over all ranks (rank 0's initial weights on every rank). A model
+    still on the CPU moves to `device` unit by unit as it is sharded."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    ensure_process_group(device)
+    _same_start(model, dist_info, device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy()
+    if device.type == "cuda" and cfg.precision != "fp32" and torch.cuda.is_bf16_supported():
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    units = shard_units(model)
+    for i, unit in enumerate(units):
+        # The last block's weights are needed again first in backward: keeping them saves one all-gather.
+        last = i == len(units) - 1
+        fully_shard(unit, mesh=mesh, reshard_after_forward=not last, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
+
+
+def _same_start(model: nn.Module, dist_info: DistInfo, device: torch.device) -> None:
+    """Rank 0's parameters and buffers on every rank (ranks seeded apart must shard one model), one tensor at a
+    time through `device`, so a model still on the CPU never needs a full copy on the GPU."""
+    if not dist_info.enabled:
+        return
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device == device:
+            dist.broadcast(t.data, src=0)
+        else:
+            buf = t.data.to(device)
+            dist.broadcast(buf, src=0)
+            t.data.copy_(buf)
+
+
+_OWN_GROUP = False
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """A one-process group when no torchrun launch made one: FSDP and sharded checkpoints need a group."""
+    global _OWN_GROUP
+    if dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if not _OWN_GROUP:
+        _OWN_GROUP = True
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model`'s parameters are DTensor shards (fully_shard was applied)."""
+    return any(is_dtensor(p) for p in model.parameters())
+
+
+def is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's part of a DTensor; a plain tensor itself."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def no_sync(model: nn.Module, last: bool) -> AbstractContextManager:
+    """DDP: skip the gradient all-reduce on all but the last micro-step. FSDP reduce-scatters every micro-step
+    (keeping unsharded gradients across micro-steps would cost a full gradient copy per rank)."""
+    if isinstance(model, DistributedDataParallel) and not last:
+        return model.no_sync()
+    return nullcontext()
+
+
+def clip_grad_norm(params: list[Tensor], max_norm: float, device: torch.device) -> Tensor:
+    """The global gradient norm (over every rank's shards) on `device`, clipping to `max_norm` when > 0."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    if is_dtensor(grads[0]) and grads[0].device != device:
+        # cpu_offload: the shards are on the CPU, the group's collectives on the GPU. Each element lies in one
+        # shard, so the squares of the local norms add up over the ranks.
+        local = torch.nn.utils.get_total_norm([g.to_local() for g in grads], 2.0, foreach=True)
+        squares = local.to(device) ** 2
+        dist.all_reduce(squares)
+        norm = squares.sqrt()
+    else:
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+        if is_dtensor(norm):
+            norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.to(grads[0].device), foreach=True)
+    return norm.to(device, non_blocking=True)
+
+
+def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
+    """`module`'s state dict with full tensors on the CPU; sharded ones are all-gathered, so every rank must call
+    it (the same tensor under two names, e.g. tied embeddings, stays one tensor)."""
+    out: dict[str, Tensor] = {}
+    done: dict[int, Tensor] = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        key = id(t)
+        if key not in done:
+            if is_dtensor(t) and t.device.type != t.device_mesh.device_type:
+                t = t.to(t.device_mesh.device_type)  # offloaded shards: gathered through the GPU's group
+            done[key] = (t.full_tensor() if is_dtensor(t) else t).detach().cpu()
+        out[name] = done[key]
+    return out
+
+
+def shard_like(own: dict[str, Tensor], full: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`full` (name → full tensor, the same on every rank) with each tensor that is sharded in `own` cut into this
+    rank's shard, ready for `load_state_dict`. No communication."""
+    from torch.distributed.tensor import distribute_tensor
+
+    out = dict(full)
+    for name, mine in own.items():
+        if name in full and is_dtensor(mine):
+            t = full[name].to(mine.device, mine.dtype)
+            out[name] = distribute_tensor(t, mine.device_mesh, mine.placements, src_data_rank=None)
+    return out
