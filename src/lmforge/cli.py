@@ -71,6 +71,8 @@ def _align(args: argparse.Namespace) -> None:
         a.cmd_best_of_n(args.policy, args.reward_model, args.prompt, args.n, args.max_new_tokens, args.temperature)
     elif args.sub == "data":
         a.cmd_align_data(args.kind, args.out, args.source)
+    elif args.sub == "ppo":
+        a.cmd_ppo(args.recipe, args.init, args.overrides, resume=args.resume, reward=args.reward)
     else:
         run = {"sft": a.cmd_sft, "reward": a.cmd_reward, "dpo": a.cmd_dpo}[args.sub]
         run(args.recipe, args.init, args.overrides, resume=args.resume)
@@ -254,16 +256,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass")
     ev.set_defaults(fn=_eval)
 
-    al = sub.add_parser("align", help="instruction tuning, reward model, DPO, best-of-n").add_subparsers(
+    al = sub.add_parser("align", help="instruction tuning, reward model, DPO, PPO, best-of-n").add_subparsers(
         dest="sub", required=True
     )
-    for name, what in [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO")]:
+    methods = [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO"),
+               ("ppo", "RLHF with PPO against a reward model")]  # fmt: skip
+    for name, what in methods:
         ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align", epilog_fn=_schema_help("align"))
         ap.add_argument("recipe", nargs="?")
         ap.add_argument("--init", help="pretrained (or SFT) run/checkpoint dir")
         ap.add_argument(
             "--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint"
         )
+        if name == "ppo":
+            ap.add_argument("--reward", help="the reward-model run (lmforge align reward) to optimise against")
         ap.set_defaults(fn=_align)
     bo = al.add_parser("best-of-n", help="sample n answers and keep the reward model's favourite")
     bo.add_argument("policy")
@@ -398,7 +404,8 @@ def _run(argv: list[str]) -> int:
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
     if args.command in ("pretrain", "finetune", "eval", "scaling") or (args.command, getattr(args, "sub", None)) in (
-        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"), ("config", "show"),
+        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("align", "ppo"), ("compress", "report"),
+        ("config", "show"),
     ):  # fmt: skip
         args.overrides = extra
     elif extra:

@@ -1,5 +1,5 @@
-"""Alignment runs from an AlignConfig: SFT, reward model or DPO → RUN/config.yaml, metrics.jsonl, eval.json and
-checkpoints/step_N (an SFT or DPO policy loads with `lmforge.load(RUN)`, a reward model with
+"""Alignment runs from an AlignConfig: SFT, reward model, DPO or PPO → RUN/config.yaml, metrics.jsonl, eval.json
+and checkpoints/step_N (an SFT, DPO or PPO policy loads with `lmforge.load(RUN)`, a reward model with
 `load_reward_model(RUN)`)."""
 
 from __future__ import annotations
@@ -11,22 +11,26 @@ from pathlib import Path
 import torch
 
 from lmforge.align.config import AlignConfig, align_to_dict, save_align_config
-from lmforge.align.data import PreferencePair, read_instructions, read_preferences
+from lmforge.align.data import PreferencePair, read_instructions, read_preferences, read_prompts
 from lmforge.align.datasets import instruction_set, preference_set
 from lmforge.align.dpo import DPO, dpo_metrics, frozen_copy
 from lmforge.align.packing import pack_batch, pad_batch
+from lmforge.align.ppo import ActorCritic, AdaptiveKL, PPOLoss, normalize_head, value_network
 from lmforge.align.reward import RewardModel, pair_batch, reward_accuracy, reward_loss
+from lmforge.align.rollout import RolloutOptions, RolloutSource, sample_metrics, score_samples
 from lmforge.align.sft import choice_accuracy, encode_all, response_loss, sft_loss
 from lmforge.align.templates import Conversation, add_role_tokens, get_template
 from lmforge.align.train import ShuffledBatches, initial_model
 from lmforge.errors import LMForgeError
+from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import cleanup, init_distributed, rank_seed
 from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger
+from lmforge.train.prefetch import BatchSource
 from lmforge.train.resume import resume_checkpoint
 from lmforge.train.rundir import lock_run_dir
-from lmforge.train.setup import pick_device, seed_everything
+from lmforge.train.setup import autocast_for, pick_device, seed_everything
 
 
 def _split(items: list, dev: list | None) -> tuple[list, list]:
@@ -41,7 +45,18 @@ def instruction_data(cfg: AlignConfig) -> tuple[list[Conversation], list[Convers
     if d.train:
         train = read_instructions(d.train)[: d.max_train]
         return _split(train, read_instructions(d.dev)[: d.max_eval] if d.dev else None)
-    return instruction_set(d.sources, "train", d.max_train), instruction_set(d.sources, "dev", d.max_eval)
+    kw = _continuation_options(cfg)
+    return instruction_set(d.sources, "train", d.max_train, **kw), instruction_set(d.sources, "dev", d.max_eval, **kw)
+
+
+def _continuation_options(cfg: AlignConfig) -> dict:
+    d = cfg.data
+    if "continuation" not in d.sources:
+        return {}
+    return dict(
+        prompt_words=d.prompt_words, response_words=d.response_words, negatives=d.negatives,
+        prompts_from=d.prompts_from, seed=cfg.run.seed,
+    )  # fmt: skip
 
 
 def preference_data(cfg: AlignConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
@@ -49,12 +64,7 @@ def preference_data(cfg: AlignConfig) -> tuple[list[PreferencePair], list[Prefer
     if d.train:
         train = read_preferences(d.train)[: d.max_train]
         return _split(train, read_preferences(d.dev)[: d.max_eval] if d.dev else None)
-    kw = {}
-    if d.sources[0] == "continuation":
-        kw = dict(
-            prompt_words=d.prompt_words, response_words=d.response_words, negatives=d.negatives,
-            prompts_from=d.prompts_from, seed=cfg.run.seed,
-        )  # fmt: skip
+    kw = _continuation_options(cfg) if d.sources[0] == "continuation" else {}
     return preference_set(d.sources[0], "train", d.max_train, **kw), preference_set(
         d.sources[0], "dev", d.max_eval, **kw
     )
@@ -100,14 +110,18 @@ class Run:
             raise
         seed_everything(rank_seed(cfg.run.seed, self.dist.rank))
 
-    def train(self, model, tok, loss_fn, items: list, make, evaluate, extra: dict | None = None) -> dict[str, float]:
-        """Train `model` with `loss_fn` on shuffled batches of `items` (`make` turns a chunk into tensors) and
-        `evaluate()` every eval_every steps; write eval.json. Returns the final dev metrics."""
+    def shuffled(self, items: list, make) -> ShuffledBatches:
+        """Shuffled batches of `items` (`make` turns a chunk into tensors), this rank's share."""
+        return ShuffledBatches(items, self.cfg.train.batch_size, self.cfg.run.seed, make, self.dist)
+
+    def train(
+        self, model, tok, loss_fn, batches: BatchSource, evaluate, extra: dict | None = None, eval_first: bool = False
+    ) -> dict[str, float]:
+        """Train `model` with `loss_fn` on `batches` and `evaluate()` every eval_every steps (and, with
+        `eval_first`, before the first step of a new run); write eval.json. Returns the final dev metrics."""
         cfg, d = self.cfg, self.dist
         try:
-            core = model.backbone if isinstance(model, RewardModel) else model
-            config = {"model": dataclasses.asdict(core.config), "align": align_to_dict(cfg), **(extra or {})}
-            batches = ShuffledBatches(items, cfg.train.batch_size, cfg.run.seed, make, d)
+            config = {"model": dataclasses.asdict(model.config), "align": align_to_dict(cfg), **(extra or {})}
             spec = LoopSpec(
                 saved=lambda: Saved(model, config, tok),
                 evaluate=lambda step: evaluate() if d.is_main else {},
@@ -122,6 +136,10 @@ class Run:
             if d.is_main:
                 save_align_config(cfg, self.dir / ckpt.CONFIG_FILE)
             try:
+                if eval_first and loop.step == 0 and d.is_main:
+                    model.eval()
+                    with torch.no_grad(), loop.autocast:
+                        log.log(0, **{f"dev_{k}": v for k, v in evaluate().items()})
                 metrics = loop.run()
             finally:
                 if log is not None:
@@ -157,7 +175,7 @@ def run_sft(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
         return out
 
     make = (lambda chunk: pack_batch(chunk, pack_len, pad)) if pack_len else (lambda chunk: pad_batch(chunk, pad))
-    return run.train(model, tok, sft_loss, examples, make, evaluate)
+    return run.train(model, tok, sft_loss, run.shuffled(examples, make), evaluate)
 
 
 def run_reward(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
@@ -168,7 +186,7 @@ def run_reward(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     model = RewardModel(backbone).to(run.device)
     make = _batch_maker(pair_batch, template, pad, cfg.model.max_len)
     evaluate = lambda: reward_accuracy(model, dev, template, pad, cfg.model.max_len)  # noqa: E731
-    return run.train(model, tok, reward_loss, train, make, evaluate, {"reward_model": True})
+    return run.train(model, tok, reward_loss, run.shuffled(train, make), evaluate, {"reward_model": True})
 
 
 def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
@@ -190,11 +208,81 @@ def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     L = cfg.model.max_len
     make = _batch_maker(pair_batch, template, pad, L)
     evaluate = lambda: dpo_metrics(policy, reference, dev, template, pad, L, cfg.dpo.beta)  # noqa: E731
-    return run.train(policy, tok, dpo.loss, train, make, evaluate)
+    return run.train(policy, tok, dpo.loss, run.shuffled(train, make), evaluate)
 
 
-RUNNERS = {"sft": run_sft, "reward": run_reward, "dpo": run_dpo}
-FROZEN = ("method", "model", "data", "sft", "dpo")
+def prompt_data(cfg: AlignConfig, split: str = "dev") -> tuple[list[Conversation], list[Conversation]]:
+    """(training prompts, held-out prompts of `split`): those of the data file(s), or of the first source's
+    preference pairs (the continuation source's prompts come from unseen documents in dev and test)."""
+    d = cfg.data
+    if d.train:
+        train = read_prompts(d.train)[: d.max_train]
+        return _split(train, read_prompts(d.dev)[: d.max_eval] if d.dev else None)
+    kw = _continuation_options(cfg) if d.sources[0] == "continuation" else {}
+    pairs = (preference_set(d.sources[0], s, n, **kw) for s, n in (("train", d.max_train), (split, d.max_eval)))
+    return tuple([p.prompt for p in ps] for ps in pairs)  # type: ignore[return-value]
+
+
+def _same_tokenizer(tok, other, probe: str) -> None:
+    if tok.vocab_size != other.vocab_size or tok.encode(probe) != other.encode(probe):
+        raise LMForgeError("the policy (model.init) and the reward model (ppo.reward) use different tokenizers")
+
+
+def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
+    """RLHF with PPO against a reward-model run; dev metrics on held-out prompts: the reward model's mean score
+    (reward), the KL to the reference per response, response length and EOS rate."""
+    p = cfg.ppo
+    if p.reward is None:
+        raise LMForgeError("ppo needs a reward model: pass --reward RUN (a run of `lmforge align reward`)")
+    if not Path(cfg.model.init).exists():
+        raise LMForgeError(f"ppo starts from an SFT run (--init), and '{cfg.model.init}' is not a directory")
+    cfg.train.prefetch = 0  # rollouts sample the policy as it is at the step: never built ahead of it
+    cfg.train.spike_factor = 0.0  # the surrogate loss has no scale a spike could be measured against
+    run = Run(cfg, resume)
+    train, dev = prompt_data(cfg)
+    policy, tok, template, pad = _policy(cfg, train, run.device)
+    rm, rm_tok = load_reward_model(p.reward, run.device)
+    _same_tokenizer(tok, rm_tok, train[0].messages[-1].content)
+    for param in rm.parameters():
+        param.requires_grad_(False)
+    reference = frozen_copy(policy)
+    actor = ActorCritic(policy, value_network(p.value_init, policy, rm), p.temperature).to(run.device)
+    room = cfg.model.max_len - p.max_new_tokens
+    prompts, dev_prompts = ([template.prompt_ids(c, room) for c in x] for x in (train, dev))
+    opts = RolloutOptions(p.max_new_tokens, p.temperature, p.gamma, p.lam, p.whiten_advantages, p.missing_eos_score)
+    scorer = reward_scorer(rm)
+    source = RolloutSource(
+        actor, reference, scorer, prompts, opts, rollout_batch=p.rollout_batch,
+        minibatch=cfg.train.batch_size * cfg.train.grad_accum, epochs=p.epochs,
+        kl=AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon), seed=cfg.run.seed, eos_id=template.eos, pad_id=pad,
+        dist=run.dist, device=run.device, autocast=autocast_for(run.device, cfg.train.precision),
+    )  # fmt: skip
+
+    sample = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, eos_id=template.eos, pad_id=pad)
+    if p.reward_norm_samples and run.resume_from is None:  # a resumed run has them in its checkpoint
+        first = prompts[: p.reward_norm_samples]
+        ref = score_samples(reference, reference, scorer, first, seed=cfg.run.seed + 1, **sample)
+        source.norm = (float(ref.scores.mean()), max(float(ref.scores.std(correction=0)), 1e-6))
+        if p.value_init == "reward":
+            normalize_head(actor.value, *source.norm)
+        if run.dist.is_main:
+            status(f"reward model on the SFT policy's responses: mean {source.norm[0]:.4g}, std {source.norm[1]:.4g}")
+
+    def evaluate() -> dict[str, float]:
+        return sample_metrics(score_samples(policy, reference, scorer, dev_prompts, seed=cfg.run.seed, **sample))
+
+    loss = PPOLoss(p.clip_range, p.value_clip_range, p.vf_coef)
+    extra = {"export_module": "policy", "value_model": dataclasses.asdict(actor.value.config)}
+    return run.train(actor, tok, loss, source, evaluate, extra, eval_first=True)
+
+
+def reward_scorer(rm: RewardModel):
+    """The reward model as a PPO scorer: its score of each right-padded prompt + response."""
+    return lambda res: rm(res.input_ids, res.attention_mask)
+
+
+RUNNERS = {"sft": run_sft, "reward": run_reward, "dpo": run_dpo, "ppo": run_ppo}
+FROZEN = ("method", "model", "data", "sft", "dpo", "ppo")
 """Sections a resumed alignment run may not change."""
 
 
