@@ -71,6 +71,11 @@ def _align(args: argparse.Namespace) -> None:
         a.cmd_best_of_n(args.policy, args.reward_model, args.prompt, args.n, args.max_new_tokens, args.temperature)
     elif args.sub == "data":
         a.cmd_align_data(args.kind, args.out, args.source)
+    elif args.sub == "compare":
+        a.cmd_compare(
+            args.reference, args.reward, args.policy, args.best_of_n, args.prompts_from, args.split, args.max_prompts,
+            args.max_new_tokens, args.samples, args.out, args.seed,
+        )  # fmt: skip
     elif args.sub == "ppo":
         a.cmd_ppo(args.recipe, args.init, args.overrides, resume=args.resume, reward=args.reward)
     else:
@@ -279,6 +284,19 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--max-new-tokens", type=int, default=32)
     bo.add_argument("--temperature", type=float, default=1.0)
     bo.set_defaults(fn=_align)
+    cp = al.add_parser("compare", help="PPO, DPO, best-of-n and the SFT policy on the same held-out prompts")
+    cp.add_argument("--reference", required=True, help="the SFT run the others started from")
+    cp.add_argument("--reward", required=True, help="the reward-model run that scores every response")
+    cp.add_argument("--policy", action="append", help="NAME=RUN or RUN (repeatable): aligned policy runs")
+    cp.add_argument("--best-of-n", type=int, action="append", help="n of best-of-n from the reference (repeatable)")
+    cp.add_argument("--prompts-from", help="the run whose data gives the held-out prompts (default: first --policy)")
+    cp.add_argument("--split", default="test", choices=["dev", "test"], help="held-out split of that data")
+    cp.add_argument("--max-prompts", type=int, default=128)
+    cp.add_argument("--max-new-tokens", type=int, help="default: the PPO run's ppo.max_new_tokens, else 32")
+    cp.add_argument("--samples", type=int, default=3, help="prompts whose responses the table shows")
+    cp.add_argument("--out", help="write OUT.md (table and samples) and OUT.json (all rows and samples)")
+    cp.add_argument("--seed", type=int, default=0)
+    cp.set_defaults(fn=_align)
     ad = al.add_parser("data", help="write an instruction or preference set built from project data")
     ad.add_argument("kind", choices=["instructions", "preferences"])
     ad.add_argument("--out", required=True)

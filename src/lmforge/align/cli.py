@@ -113,6 +113,33 @@ def cmd_best_of_n(
     return results
 
 
+def cmd_compare(
+    reference: str, reward: str, policies: list[str] | None = None, best_of_n: list[int] | None = None,
+    prompts_from: str | None = None, split: str = "test", max_prompts: int = 128, max_new_tokens: int | None = None,
+    samples: int = 3, out: str | None = None, seed: int = 0,
+) -> list:  # fmt: skip
+    """Score the reference (SFT) policy, each policy run (`NAME=RUN` or `RUN`) and best-of-n from the reference on
+    the same held-out prompts (the `split` of `prompts_from`'s data; default: the first policy run's): the reward
+    model's mean score, the KL to the reference, a few samples. Prints the Markdown table; with `out`, writes
+    OUT.md and OUT.json. Returns the rows."""
+    from lmforge.align.compare import compare, markdown, parse_policies, write_results
+
+    named = parse_policies(policies or [])
+    source = prompts_from or (named[0][1] if named else None)
+    if source is None:
+        raise LMForgeError("compare: name the held-out prompts with --prompts-from RUN (or give a --policy)")
+    rows, prompts = compare(
+        reference, reward, named, best_of_n or [], source, split=split, max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens, seed=seed,
+    )  # fmt: skip
+    title = f"{len(prompts)} held-out prompts ({split} split of {source}'s data), reward model {reward}"
+    print(markdown(rows, prompts, samples, title))
+    if out:
+        write_results(rows, prompts, out, samples, title)
+        print(f"written to {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.json')}")
+    return rows
+
+
 def cmd_align_data(
     kind: str, out: str, sources: list[str] | None = None, max_train: int | None = 2000, max_eval: int | None = 200
 ) -> dict[str, int]:

@@ -211,15 +211,19 @@ def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     return run.train(policy, tok, dpo.loss, run.shuffled(train, make), evaluate)
 
 
-def prompt_data(cfg: AlignConfig, split: str = "dev") -> tuple[list[Conversation], list[Conversation]]:
-    """(training prompts, held-out prompts of `split`): those of the data file(s), or of the first source's
-    preference pairs (the continuation source's prompts come from unseen documents in dev and test)."""
+def prompt_data(
+    cfg: AlignConfig, split: str = "dev", held_out: int | None = -1
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(training prompts, held-out prompts): those of the data file(s) (held out: the dev file, or the last 10%),
+    or of the first source's preference pairs in `split` (the continuation source's dev and test prompts come from
+    unseen documents). `held_out` caps the held-out prompts (-1: data.max_eval, None: all)."""
     d = cfg.data
+    cap = d.max_eval if held_out == -1 else held_out
     if d.train:
         train = read_prompts(d.train)[: d.max_train]
-        return _split(train, read_prompts(d.dev)[: d.max_eval] if d.dev else None)
+        return _split(train, read_prompts(d.dev)[:cap] if d.dev else None)
     kw = _continuation_options(cfg) if d.sources[0] == "continuation" else {}
-    pairs = (preference_set(d.sources[0], s, n, **kw) for s, n in (("train", d.max_train), (split, d.max_eval)))
+    pairs = (preference_set(d.sources[0], s, n, **kw) for s, n in (("train", d.max_train), (split, cap)))
     return tuple([p.prompt for p in ps] for ps in pairs)  # type: ignore[return-value]
 
 
