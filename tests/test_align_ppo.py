@@ -231,3 +231,21 @@ def test_rollout_source_resumes_mid_rollout():
     with pytest.raises(LMForgeError, match="24 training prompts are fewer than one rollout"):
         RolloutSource(actor, reference, None, prompts, RolloutOptions(), rollout_batch=32, minibatch=4, epochs=1,
                       kl=AdaptiveKL(0.1), seed=0, eos_id=3, pad_id=0)  # fmt: skip
+
+
+def test_prompts_of_instruction_and_preference_files(tmp_path):
+    from lmforge.align.data import read_prompts
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(
+        '{"instruction": "Continue.", "input": "It was", "output": "a dark night"}\n'
+        '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n'
+        '{"instruction": "Rate it.", "chosen": "good", "rejected": "bad"}\n',
+        encoding="utf-8",
+    )
+    prompts = read_prompts(path)
+    assert [p.messages[-1].role for p in prompts] == ["user"] * 3
+    assert prompts[0].input == "It was" and prompts[1].messages[0].content == "Hi" and prompts[1].response is None
+    path.write_text('{"messages": [{"role": "assistant", "content": "Hello"}]}\n', encoding="utf-8")
+    with pytest.raises(LMForgeError, match=r"mixed.jsonl:1: field 'messages' must be a non-empty list"):
+        read_prompts(path)

@@ -129,6 +129,10 @@ def test_ppo_config_errors(runs, tmp_path):
     with pytest.raises(LMForgeError) as e:
         load_align_config("ppo-continuation", ["--ppo.clip_range=0"])
     assert str(e.value) == "ppo.clip_range must be in (0, 1], got 0.0"
+    with pytest.raises(LMForgeError, match=r"compare: name the held-out prompts with --prompts-from RUN"):
+        cmd_compare(str(runs / "sft"), str(runs / "rm"))
+    with pytest.raises(LMForgeError, match="--best-of-n needs n >= 2, got 1"):
+        cmd_compare(str(runs / "sft"), str(runs / "rm"), best_of_n=[1], prompts_from=str(runs / "ppo"), max_prompts=4)
     other = tmp_path / "other-rm"  # a reward model with a tokenizer of its own
     cmd_reward(None, "gpt-tiny", [f"--run.dir={other}", "--train.max_steps=1", "--model.vocab_size=300",
                                   "--data.max_train=40", "--data.max_eval=4", "--model.max_len=48"])  # fmt: skip

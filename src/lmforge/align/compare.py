@@ -109,16 +109,16 @@ def compare(
     kw = dict(max_new_tokens=new, temperature=temperature, eos_id=template.eos, pad_id=pad, seed=seed)
     scorer = reward_scorer(rm)
     decode = tok.decode
-    rows = [row("sft (reference)", score_samples(ref, ref, scorer, ids, **kw), decode)]
+    rows = [row("sft (reference)", score_samples(ref, ref, scorer, ids, desc="sft", **kw), decode)]
     for name, run in policies:
         model, other = load(run)
         if other is None or other.vocab_size != tok.vocab_size:
             raise LMForgeError(f"{run} does not use the reference's tokenizer")
-        rows.append(row(name, score_samples(model, ref, scorer, ids, **kw), decode))
+        rows.append(row(name, score_samples(model, ref, scorer, ids, desc=name, **kw), decode))
     for n in best_of_n:
         if n < 2:
             raise LMForgeError(f"--best-of-n needs n >= 2, got {n}")
-        many = score_samples(ref, ref, scorer, [p for p in ids for _ in range(n)], **kw)
+        many = score_samples(ref, ref, scorer, [p for p in ids for _ in range(n)], desc=f"best-of-{n}", **kw)
         rows.append(row(f"best-of-{n}", best_of(many, n), decode, kl=bon_kl(n)))
     texts = [(c.input or c.messages[-1].content) for c in prompts]
     return rows, texts

@@ -264,13 +264,17 @@ class Samples:
 @torch.no_grad()
 def score_samples(
     policy: nn.Module, reference: nn.Module, scorer: Scorer, prompts: list[list[int]], *, max_new_tokens: int,
-    temperature: float = 1.0, eos_id: int | None, pad_id: int, seed: int = 0, batch_size: int = 64,
+    temperature: float = 1.0, eos_id: int | None, pad_id: int, seed: int = 0, batch_size: int = 64, desc: str = "",
 ) -> Samples:  # fmt: skip
-    """Sample a response per prompt (the same noise for the same seed), score it and measure its KL."""
+    """Sample a response per prompt (the same noise for the same seed), score it and measure its KL (`desc`: show
+    a progress bar with this label)."""
+    from lmforge.progress import progress
+
     gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(_seed(seed, 0x5EED))
     parts: list[tuple] = []
     responses: list[list[int]] = []
-    for i in range(0, len(prompts), batch_size):
+    starts = range(0, len(prompts), batch_size)
+    for i in progress(starts, desc=desc, unit="batch") if desc else starts:
         res = sample_responses(policy, prompts[i : i + batch_size], max_new_tokens=max_new_tokens,
                                temperature=temperature, eos_id=eos_id, pad_id=pad_id, generator=gen)  # fmt: skip
         m = res.action_mask

@@ -252,6 +252,8 @@ def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     reference = frozen_copy(policy)
     actor = ActorCritic(policy, value_network(p.value_init, policy, rm), p.temperature).to(run.device)
     room = cfg.model.max_len - p.max_new_tokens
+    if room < 8:
+        raise LMForgeError(f"model.max_len ({cfg.model.max_len}) leaves {room} prompt tokens beside ppo.max_new_tokens")
     prompts, dev_prompts = ([template.prompt_ids(c, room) for c in x] for x in (train, dev))
     opts = RolloutOptions(p.max_new_tokens, p.temperature, p.gamma, p.lam, p.whiten_advantages, p.missing_eos_score)
     scorer = reward_scorer(rm)
@@ -265,7 +267,7 @@ def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     sample = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, eos_id=template.eos, pad_id=pad)
     if p.reward_norm_samples and run.resume_from is None:  # a resumed run has them in its checkpoint
         first = prompts[: p.reward_norm_samples]
-        ref = score_samples(reference, reference, scorer, first, seed=cfg.run.seed + 1, **sample)
+        ref = score_samples(reference, reference, scorer, first, seed=cfg.run.seed + 1, desc="reward scale", **sample)
         source.norm = (float(ref.scores.mean()), max(float(ref.scores.std(correction=0)), 1e-6))
         if p.value_init == "reward":
             normalize_head(actor.value, *source.norm)
