@@ -1,11 +1,13 @@
 """Aligned policies side by side on the same held-out prompts: the reward model's score of their responses, their KL
 to the reference (the SFT policy) and a few samples — for PPO, DPO and best-of-n against the SFT policy.
 
-Every policy samples one response per prompt at the same temperature with the same seed. KL(π‖π_ref) per response
-is estimated from those samples as Σ_t log π(y_t|·) − log π_ref(y_t|·). Best-of-n draws n responses from the
-reference and keeps the one the reward model scores highest; its KL is given as log n − (n − 1)/n, the value
-commonly quoted since Stiennon et al. 2020 and an upper bound on the true KL (Beirami et al. 2024), not an
-estimate."""
+Every policy samples one response per prompt at the same temperature from the same random numbers (common random
+numbers: row i of every method is driven by the same noise, so what differs between methods' responses to a prompt
+comes from the policies, not from sampling luck). KL(π‖π_ref) per response is estimated from those samples as
+Σ_t log π(y_t|·) − log π_ref(y_t|·). Best-of-n draws n responses per prompt from the reference — the first is the
+reference row's own sample, so best-of-n never scores a prompt below it — and keeps the one the reward model
+scores highest; its KL is given as log n − (n − 1)/n, the value commonly quoted since Stiennon et al. 2020 and an
+upper bound on the true KL (Beirami et al. 2024), not an estimate."""
 
 from __future__ import annotations
 
@@ -50,10 +52,16 @@ def row(method: str, s: Samples, decode, kl: float | None = None) -> Row:
     )  # fmt: skip
 
 
-def best_of(s: Samples, n: int) -> Samples:
-    """The highest-scored of each prompt's n consecutive samples."""
-    best = s.scores.view(-1, n).argmax(1) + torch.arange(0, len(s.scores), n)
-    return Samples(s.scores[best], s.kl[best], s.response_len[best], s.ended[best], [s.responses[i] for i in best])
+def best_of(draws: list[Samples]) -> Samples:
+    """For each prompt, the highest-scored of its samples in the n draws (each draw: one sample per prompt)."""
+    scores = torch.stack([d.scores for d in draws])  # (n, P)
+    pick = scores.argmax(0).tolist()
+    rows = [(draws[k], i) for i, k in enumerate(pick)]
+    return Samples(
+        torch.stack([d.scores[i] for d, i in rows]), torch.stack([d.kl[i] for d, i in rows]),
+        torch.stack([d.response_len[i] for d, i in rows]), torch.stack([d.ended[i] for d, i in rows]),
+        [d.responses[i] for d, i in rows],
+    )  # fmt: skip
 
 
 def bon_kl(n: int) -> float:
@@ -106,20 +114,22 @@ def compare(
     template = get_template(cfg.model.template, tok)
     ids = [template.prompt_ids(c, cfg.model.max_len - new) for c in prompts]
     pad = tok.pad_id if tok.pad_id is not None else template.eos
-    kw = dict(max_new_tokens=new, temperature=temperature, eos_id=template.eos, pad_id=pad, seed=seed)
+    kw = dict(max_new_tokens=new, temperature=temperature, eos_id=template.eos, pad_id=pad)
     scorer = reward_scorer(rm)
     decode = tok.decode
-    rows = [row("sft (reference)", score_samples(ref, ref, scorer, ids, desc="sft", **kw), decode)]
+    first = score_samples(ref, ref, scorer, ids, seed=seed, desc="sft", **kw)
+    rows = [row("sft (reference)", first, decode)]
     for name, run in policies:
         model, other = load(run)
         if other is None or other.vocab_size != tok.vocab_size:
             raise LMForgeError(f"{run} does not use the reference's tokenizer")
-        rows.append(row(name, score_samples(model, ref, scorer, ids, desc=name, **kw), decode))
+        rows.append(row(name, score_samples(model, ref, scorer, ids, seed=seed, desc=name, **kw), decode))
     for n in best_of_n:
         if n < 2:
             raise LMForgeError(f"--best-of-n needs n >= 2, got {n}")
-        many = score_samples(ref, ref, scorer, [p for p in ids for _ in range(n)], desc=f"best-of-{n}", **kw)
-        rows.append(row(f"best-of-{n}", best_of(many, n), decode, kl=bon_kl(n)))
+        more = [score_samples(ref, ref, scorer, ids, seed=seed + k, desc=f"best-of-{n} ({k + 1}/{n})", **kw)
+                for k in range(1, n)]  # fmt: skip
+        rows.append(row(f"best-of-{n}", best_of([first, *more]), decode, kl=bon_kl(n)))
     texts = [(c.input or c.messages[-1].content) for c in prompts]
     return rows, texts
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -109,6 +111,16 @@ class Run:
             self.lock.release()
             raise
         seed_everything(rank_seed(cfg.run.seed, self.dist.rank))
+
+    @contextmanager
+    def released_on_error(self) -> Iterator[None]:
+        """Release the run dir (and the process group) when setting the run up fails."""
+        try:
+            yield
+        except BaseException:
+            self.lock.release()
+            cleanup(self.dist)
+            raise
 
     def shuffled(self, items: list, make) -> ShuffledBatches:
         """Shuffled batches of `items` (`make` turns a chunk into tensors), this rank's share."""
@@ -243,36 +255,32 @@ def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     cfg.train.prefetch = 0  # rollouts sample the policy as it is at the step: never built ahead of it
     cfg.train.spike_factor = 0.0  # the surrogate loss has no scale a spike could be measured against
     run = Run(cfg, resume)
-    train, dev = prompt_data(cfg)
-    policy, tok, template, pad = _policy(cfg, train, run.device)
-    rm, rm_tok = load_reward_model(p.reward, run.device)
-    _same_tokenizer(tok, rm_tok, train[0].messages[-1].content)
-    for param in rm.parameters():
-        param.requires_grad_(False)
-    reference = frozen_copy(policy)
-    actor = ActorCritic(policy, value_network(p.value_init, policy, rm), p.temperature).to(run.device)
-    room = cfg.model.max_len - p.max_new_tokens
-    if room < 8:
-        raise LMForgeError(f"model.max_len ({cfg.model.max_len}) leaves {room} prompt tokens beside ppo.max_new_tokens")
-    prompts, dev_prompts = ([template.prompt_ids(c, room) for c in x] for x in (train, dev))
-    opts = RolloutOptions(p.max_new_tokens, p.temperature, p.gamma, p.lam, p.whiten_advantages, p.missing_eos_score)
-    scorer = reward_scorer(rm)
-    source = RolloutSource(
-        actor, reference, scorer, prompts, opts, rollout_batch=p.rollout_batch,
-        minibatch=cfg.train.batch_size * cfg.train.grad_accum, epochs=p.epochs,
-        kl=AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon), seed=cfg.run.seed, eos_id=template.eos, pad_id=pad,
-        dist=run.dist, device=run.device, autocast=autocast_for(run.device, cfg.train.precision),
-    )  # fmt: skip
-
-    sample = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, eos_id=template.eos, pad_id=pad)
-    if p.reward_norm_samples and run.resume_from is None:  # a resumed run has them in its checkpoint
-        first = prompts[: p.reward_norm_samples]
-        ref = score_samples(reference, reference, scorer, first, seed=cfg.run.seed + 1, desc="reward scale", **sample)
-        source.norm = (float(ref.scores.mean()), max(float(ref.scores.std(correction=0)), 1e-6))
-        if p.value_init == "reward":
-            normalize_head(actor.value, *source.norm)
-        if run.dist.is_main:
-            status(f"reward model on the SFT policy's responses: mean {source.norm[0]:.4g}, std {source.norm[1]:.4g}")
+    with run.released_on_error():
+        train, dev = prompt_data(cfg)
+        policy, tok, template, pad = _policy(cfg, train, run.device)
+        rm, rm_tok = load_reward_model(p.reward, run.device)
+        _same_tokenizer(tok, rm_tok, train[0].messages[-1].content)
+        rm.requires_grad_(False)
+        reference = frozen_copy(policy)
+        actor = ActorCritic(policy, value_network(p.value_init, policy, rm), p.temperature).to(run.device)
+        room = cfg.model.max_len - p.max_new_tokens
+        if room < 8:
+            raise LMForgeError(f"model.max_len ({cfg.model.max_len}) leaves {room} prompt tokens for ppo")
+        prompts, dev_prompts = ([template.prompt_ids(c, room) for c in x] for x in (train, dev))
+        opts = RolloutOptions(p.max_new_tokens, p.temperature, p.gamma, p.lam, p.whiten_advantages,
+                              p.missing_eos_score)  # fmt: skip
+        scorer = reward_scorer(rm)
+        source = RolloutSource(
+            actor, reference, scorer, prompts, opts, rollout_batch=p.rollout_batch,
+            minibatch=cfg.train.batch_size * cfg.train.grad_accum, epochs=p.epochs,
+            kl=AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon), seed=cfg.run.seed, eos_id=template.eos,
+            pad_id=pad, dist=run.dist, device=run.device, autocast=autocast_for(run.device, cfg.train.precision),
+        )  # fmt: skip
+        sample = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, eos_id=template.eos, pad_id=pad)
+        if p.reward_norm_samples and run.resume_from is None:  # a resumed run has them in its checkpoint
+            source.norm = _reward_scale(run, reference, scorer, prompts[: p.reward_norm_samples], sample)
+            if p.value_init == "reward":
+                normalize_head(actor.value, *source.norm)
 
     def evaluate() -> dict[str, float]:
         return sample_metrics(score_samples(policy, reference, scorer, dev_prompts, seed=cfg.run.seed, **sample))
@@ -280,6 +288,16 @@ def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     loss = PPOLoss(p.clip_range, p.value_clip_range, p.vf_coef)
     extra = {"export_module": "policy", "value_model": dataclasses.asdict(actor.value.config)}
     return run.train(actor, tok, loss, source, evaluate, extra, eval_first=True)
+
+
+def _reward_scale(run: Run, reference, scorer, prompts: list[list[int]], sample: dict) -> tuple[float, float]:
+    """(mean, std) of the reward model's scores of the SFT policy's responses to `prompts` (Ziegler et al. §2)."""
+    desc = "reward scale" if run.dist.is_main else ""
+    ref = score_samples(reference, reference, scorer, prompts, seed=run.cfg.run.seed + 1, desc=desc, **sample)
+    mean, std = float(ref.scores.mean()), max(float(ref.scores.std(correction=0)), 1e-6)
+    if run.dist.is_main:
+        status(f"reward model on the SFT policy's responses: mean {mean:.4g}, std {std:.4g}")
+    return mean, std
 
 
 def reward_scorer(rm: RewardModel):
