@@ -34,6 +34,10 @@ class Row:
     kl: float
     """KL to the reference per response (nats): a sample mean, or best-of-n's analytic bound."""
     kl_se: float | None
+    gain: float
+    """Mean over prompts of (this method's score − the reference's score on the same prompt)."""
+    gain_se: float
+    """Its standard error (paired: the spread of the per-prompt differences)."""
     response_len: float
     eos_rate: float
     samples: list[str] = field(default_factory=list)
@@ -43,12 +47,14 @@ def _se(x: torch.Tensor) -> float:
     return float(x.std(correction=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
-def row(method: str, s: Samples, decode, kl: float | None = None) -> Row:
-    """The row of a method's samples (`kl`: a known KL in place of the samples' estimate)."""
+def row(method: str, s: Samples, ref: Samples, decode, kl: float | None = None) -> Row:
+    """The row of a method's samples, against the reference's samples `ref` of the same prompts (`kl`: a known KL
+    in place of the samples' estimate)."""
+    gain = s.scores - ref.scores
     return Row(
         method, float(s.scores.mean()), _se(s.scores), float(s.kl.mean()) if kl is None else kl,
-        _se(s.kl) if kl is None else None, float(s.response_len.float().mean()), float(s.ended.float().mean()),
-        [decode(r) for r in s.responses],
+        _se(s.kl) if kl is None else None, float(gain.mean()), _se(gain), float(s.response_len.float().mean()),
+        float(s.ended.float().mean()), [decode(r) for r in s.responses],
     )  # fmt: skip
 
 
@@ -118,18 +124,18 @@ def compare(
     scorer = reward_scorer(rm)
     decode = tok.decode
     first = score_samples(ref, ref, scorer, ids, seed=seed, desc="sft", **kw)
-    rows = [row("sft (reference)", first, decode)]
+    rows = [row("sft (reference)", first, first, decode)]
     for name, run in policies:
         model, other = load(run)
         if other is None or other.vocab_size != tok.vocab_size:
             raise LMForgeError(f"{run} does not use the reference's tokenizer")
-        rows.append(row(name, score_samples(model, ref, scorer, ids, seed=seed, desc=name, **kw), decode))
+        rows.append(row(name, score_samples(model, ref, scorer, ids, seed=seed, desc=name, **kw), first, decode))
     for n in best_of_n:
         if n < 2:
             raise LMForgeError(f"--best-of-n needs n >= 2, got {n}")
         more = [score_samples(ref, ref, scorer, ids, seed=seed + k, desc=f"best-of-{n} ({k + 1}/{n})", **kw)
                 for k in range(1, n)]  # fmt: skip
-        rows.append(row(f"best-of-{n}", best_of([first, *more]), decode, kl=bon_kl(n)))
+        rows.append(row(f"best-of-{n}", best_of([first, *more]), first, decode, kl=bon_kl(n)))
     texts = [(c.input or c.messages[-1].content) for c in prompts]
     return rows, texts
 
@@ -137,14 +143,12 @@ def compare(
 def markdown(rows: list[Row], prompts: list[str], n_samples: int = 3, title: str = "") -> str:
     """The comparison table and the first n_samples prompts' responses, in Markdown."""
     lines = [f"{title}\n" if title else ""]
-    lines += [
-        "| method | reward-model score | KL to SFT (nats) | response tokens | EOS rate |",
-        "|---|---|---|---|---|",
-    ]
+    header = "| method | reward-model score | gain over SFT (paired) | KL to SFT (nats) | response tokens | EOS rate |"
+    lines += [header, "|---" * 6 + "|"]
     for r in rows:
         kl = f"{r.kl:.3f} ± {r.kl_se:.3f}" if r.kl_se is not None else f"≤ {r.kl:.3f} (bound)"
-        lines.append(f"| {r.method} | {r.reward:.3f} ± {r.reward_se:.3f} | {kl} | {r.response_len:.1f} | "
-                     f"{r.eos_rate:.2f} |")  # fmt: skip
+        lines.append(f"| {r.method} | {r.reward:.3f} ± {r.reward_se:.3f} | {r.gain:+.3f} ± {r.gain_se:.3f} | {kl} | "
+                     f"{r.response_len:.1f} | {r.eos_rate:.2f} |")  # fmt: skip
     for i, prompt in enumerate(prompts[:n_samples]):
         lines += ["", f"Prompt {i + 1}: {_clip(prompt, 200)}", ""]
         lines += [f"- **{r.method}**: {_clip(r.samples[i], 200)}" for r in rows]
