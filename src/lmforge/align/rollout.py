@@ -163,7 +163,9 @@ def _seed(*parts: int) -> int:
 
 class RolloutSource:
     """The loop's batch source for PPO: `epochs` shuffled passes over each rollout of `rollout_batch` prompts
-    (per rank), `minibatch` responses per batch; a new rollout when the last one is used up."""
+    (per rank), `minibatch` responses per batch (the loop's micro-batch: with gradient accumulation an update
+    takes several, all from one epoch when rollout_batch is a multiple of them all); a new rollout when the last
+    one is used up."""
 
     def __init__(
         self, actor: ActorCritic, reference: nn.Module, scorer: Scorer, prompts: list[list[int]],
@@ -172,10 +174,7 @@ class RolloutSource:
         autocast: AbstractContextManager | None = None,
     ) -> None:  # fmt: skip
         if rollout_batch % minibatch:
-            raise LMForgeError(
-                f"ppo.rollout_batch ({rollout_batch}) must be a multiple of the minibatch "
-                f"(train.batch_size × train.grad_accum = {minibatch})"
-            )
+            raise LMForgeError(f"ppo.rollout_batch ({rollout_batch}) must be a multiple of the minibatch ({minibatch})")
         self.actor, self.reference, self.scorer, self.opts = actor, reference, scorer, opts
         self.prompts = prompts
         self.dist = dist or DistInfo()

@@ -272,7 +272,7 @@ def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
         scorer = reward_scorer(rm)
         source = RolloutSource(
             actor, reference, scorer, prompts, opts, rollout_batch=p.rollout_batch,
-            minibatch=cfg.train.batch_size * cfg.train.grad_accum, epochs=p.epochs,
+            minibatch=cfg.train.batch_size, epochs=p.epochs,
             kl=AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon), seed=cfg.run.seed, eos_id=template.eos,
             pad_id=pad, dist=run.dist, device=run.device, autocast=autocast_for(run.device, cfg.train.precision),
         )  # fmt: skip
