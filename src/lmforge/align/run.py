@@ -105,7 +105,7 @@ class Run:
         self.lock = lock_run_dir(self.dir, self.dist)
         try:
             self.resume_from = resume_checkpoint(
-                self.dir, align_to_dict(cfg), resume, self.dist.is_main, FROZEN, saved_as="align"
+                self.dir, align_to_dict(cfg), resume, self.dist.is_main, frozen_sections(cfg.method), saved_as="align"
             )
         except BaseException:
             self.lock.release()
@@ -306,8 +306,13 @@ def reward_scorer(rm: RewardModel):
 
 
 RUNNERS = {"sft": run_sft, "reward": run_reward, "dpo": run_dpo, "ppo": run_ppo}
-FROZEN = ("method", "model", "data", "sft", "dpo", "ppo")
+FROZEN = ("method", "model", "data", "sft", "dpo")
 """Sections a resumed alignment run may not change."""
+
+
+def frozen_sections(method: str) -> tuple[str, ...]:
+    """FROZEN, and a PPO run's own section (other runs' checkpoints may predate it)."""
+    return FROZEN + (("ppo",) if method == "ppo" else ())
 
 
 def run_align(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
