@@ -82,10 +82,11 @@ def test_reward_dpo_and_best_of_n_from_the_sft_run(sft_run, data, tmp_path, caps
 
 def test_every_bundled_recipe_loads():
     names = sorted(p.stem for p in (RECIPES_DIR / "align").glob("*.yaml"))
-    assert names == ["dpo-continuation", "dpo-sentiment", "reward-continuation", "sft-instructions", "sft-sentiment"]
+    assert names == ["dpo-continuation", "dpo-sentiment", "ppo-continuation", "reward-continuation",
+                     "sft-continuation", "sft-instructions", "sft-sentiment"]  # fmt: skip
     methods = {n: load_align_config(n).method for n in names}
     assert methods["sft-instructions"] == "sft" and methods["reward-continuation"] == "reward"
-    assert methods["dpo-sentiment"] == "dpo"
+    assert methods["dpo-sentiment"] == "dpo" and methods["ppo-continuation"] == "ppo"
 
 
 @pytest.mark.parametrize(

@@ -143,9 +143,10 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
 
 
 def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
-    """Load a checkpoint's weights into `model`. An objective that trains several networks (ELECTRA's generator
-    and discriminator) names, as `export_module`, the one that `config.yaml`'s model section describes and
-    `load` returns; the other networks' weights stay in the checkpoint."""
+    """Load a checkpoint's weights into `model`. A run that trains several networks (ELECTRA's generator and
+    discriminator, PPO's policy and value function) names, as `export_module` (of its objective, or in its
+    config.yaml), the one that `config.yaml`'s model section describes and `load` returns; the other networks'
+    weights stay in the checkpoint."""
     from torch import nn
 
     from lmforge.objectives import OBJECTIVES
@@ -153,6 +154,7 @@ def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
 
     name = (cfg.get("objective") or {}).get("name")
     prefix = getattr(OBJECTIVES.get(name), "export_module", "") if name in OBJECTIVES else ""
+    prefix = cfg.get("export_module") or prefix
     if not prefix:
         ckpt.load_weights(c, model)
         return

@@ -77,6 +77,13 @@ def _align(args: argparse.Namespace) -> None:
         a.cmd_best_of_n(args.policy, args.reward_model, args.prompt, args.n, args.max_new_tokens, args.temperature)
     elif args.sub == "data":
         a.cmd_align_data(args.kind, args.out, args.source)
+    elif args.sub == "compare":
+        a.cmd_compare(
+            args.reference, args.reward, args.policy, args.best_of_n, args.prompts_from, args.split, args.max_prompts,
+            args.max_new_tokens, args.samples, args.out, args.seed,
+        )  # fmt: skip
+    elif args.sub == "ppo":
+        a.cmd_ppo(args.recipe, args.init, args.overrides, resume=args.resume, reward=args.reward)
     else:
         run = {"sft": a.cmd_sft, "reward": a.cmd_reward, "dpo": a.cmd_dpo}[args.sub]
         run(args.recipe, args.init, args.overrides, resume=args.resume)
@@ -277,16 +284,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass")
     ev.set_defaults(fn=_eval)
 
-    al = sub.add_parser("align", help="instruction tuning, reward model, DPO, best-of-n").add_subparsers(
+    al = sub.add_parser("align", help="instruction tuning, reward model, DPO, PPO, best-of-n").add_subparsers(
         dest="sub", required=True
     )
-    for name, what in [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO")]:
+    methods = [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO"),
+               ("ppo", "RLHF with PPO against a reward model")]  # fmt: skip
+    for name, what in methods:
         ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align", epilog_fn=_schema_help("align"))
         ap.add_argument("recipe", nargs="?")
         ap.add_argument("--init", help="pretrained (or SFT) run/checkpoint dir")
         ap.add_argument(
             "--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint"
         )
+        if name == "ppo":
+            ap.add_argument("--reward", help="the reward-model run (lmforge align reward) to optimise against")
         ap.set_defaults(fn=_align)
     bo = al.add_parser("best-of-n", help="sample n answers and keep the reward model's favourite")
     bo.add_argument("policy")
@@ -296,6 +307,19 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--max-new-tokens", type=int, default=32)
     bo.add_argument("--temperature", type=float, default=1.0)
     bo.set_defaults(fn=_align)
+    cp = al.add_parser("compare", help="PPO, DPO, best-of-n and the SFT policy on the same held-out prompts")
+    cp.add_argument("--reference", required=True, help="the SFT run the others started from")
+    cp.add_argument("--reward", required=True, help="the reward-model run that scores every response")
+    cp.add_argument("--policy", action="append", help="NAME=RUN or RUN (repeatable): aligned policy runs")
+    cp.add_argument("--best-of-n", type=int, action="append", help="n of best-of-n from the reference (repeatable)")
+    cp.add_argument("--prompts-from", help="the run whose data gives the held-out prompts (default: first --policy)")
+    cp.add_argument("--split", default="test", choices=["dev", "test"], help="held-out split of that data")
+    cp.add_argument("--max-prompts", type=int, default=128)
+    cp.add_argument("--max-new-tokens", type=int, help="default: the PPO run's ppo.max_new_tokens, else 32")
+    cp.add_argument("--samples", type=int, default=3, help="prompts whose responses the table shows")
+    cp.add_argument("--out", help="write OUT.md (table and samples) and OUT.json (all rows and samples)")
+    cp.add_argument("--seed", type=int, default=0)
+    cp.set_defaults(fn=_align)
     ad = al.add_parser("data", help="write an instruction or preference set built from project data")
     ad.add_argument("kind", choices=["instructions", "preferences"])
     ad.add_argument("--out", required=True)
@@ -428,7 +452,8 @@ def _run(argv: list[str]) -> int:
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
     if args.command in ("pretrain", "finetune", "eval", "scaling") or (args.command, getattr(args, "sub", None)) in (
-        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("compress", "report"), ("config", "show"),
+        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("align", "ppo"), ("compress", "report"),
+        ("config", "show"),
     ):  # fmt: skip
         args.overrides = extra
     elif extra:

@@ -7,28 +7,34 @@ from pathlib import Path
 from lmforge.errors import LMForgeError
 
 
-def align_config(method: str, recipe: str, init: str | None, overrides: list[str] | dict, resume: bool = False):
+def align_config(
+    method: str, recipe: str, init: str | None, overrides: list[str] | dict, resume: bool = False,
+    reward: str | None = None,
+):  # fmt: skip
     """The AlignConfig `lmforge align METHOD` runs: with --resume, the run's saved config with the overrides on top;
-    else the recipe with `--init` and the overrides."""
+    else the recipe with `--init` (and PPO's `--reward`) and the overrides."""
     from lmforge.align.config import align_to_dict, build_align_config, load_align_config
-    from lmforge.config import RESUME_FIXED, parse_overrides, resolved_run_dir, resumed
+    from lmforge.config import RESUME_FIXED, merge_dicts, parse_overrides, resolved_run_dir, resumed
 
     user = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or []))
     cfg = None
     if resume:
         run_dir = resolved_run_dir(recipe, "align", user)
-        cfg = resumed(run_dir, recipe, user, build_align_config, align_to_dict, fixed=RESUME_FIXED)
+        given = merge_dicts(user, {"ppo": {"reward": reward}}) if reward else user  # must match the saved one
+        cfg = resumed(run_dir, recipe, given, build_align_config, align_to_dict, fixed=RESUME_FIXED)
     if cfg is None:
-        cfg = load_align_config(recipe, user, init=init)
+        cfg = load_align_config(recipe, user, init=init, reward=reward)
     if cfg.method != method:
         raise LMForgeError(f"recipe {recipe} is a '{cfg.method}' recipe, not '{method}'")
     return cfg
 
 
-def _run(method: str, recipe: str, init: str | None, overrides: list[str], resume: bool = False) -> dict[str, float]:
+def _run(
+    method: str, recipe: str, init: str | None, overrides: list[str], resume: bool = False, reward: str | None = None
+) -> dict[str, float]:
     from lmforge.align.run import run_align
 
-    cfg = align_config(method, recipe, init, overrides, resume)
+    cfg = align_config(method, recipe, init, overrides, resume, reward)
     print(f"{method}: {cfg.model.init} on {cfg.data.train or ', '.join(cfg.data.sources)}, {cfg.train.max_steps} steps")
     final = run_align(cfg, resume)
     print("dev: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
@@ -55,6 +61,15 @@ def cmd_dpo(
 ) -> dict[str, float]:
     """DPO-tune `init` (usually an SFT run) on preference pairs (default recipe: dpo-continuation)."""
     return _run("dpo", recipe or "dpo-continuation", init, overrides or [], resume)
+
+
+def cmd_ppo(
+    recipe: str | None, init: str | None = None, overrides: list[str] | None = None, resume: bool = False,
+    reward: str | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """RLHF with PPO: optimise `init` (an SFT run) against the reward model run `reward` (default recipe:
+    ppo-continuation); returns the held-out reward and KL to the reference."""
+    return _run("ppo", recipe or "ppo-continuation", init, overrides or [], resume, reward)
 
 
 def _template_of(run: str) -> str:
@@ -96,6 +111,33 @@ def cmd_best_of_n(
             print(f"{'*' if text == res.best else ' '} {r:+.3f}  {text}")
         results.append(res)
     return results
+
+
+def cmd_compare(
+    reference: str, reward: str, policies: list[str] | None = None, best_of_n: list[int] | None = None,
+    prompts_from: str | None = None, split: str = "test", max_prompts: int = 128, max_new_tokens: int | None = None,
+    samples: int = 3, out: str | None = None, seed: int = 0,
+) -> list:  # fmt: skip
+    """Score the reference (SFT) policy, each policy run (`NAME=RUN` or `RUN`) and best-of-n from the reference on
+    the same held-out prompts (the `split` of `prompts_from`'s data; default: the first policy run's): the reward
+    model's mean score, the KL to the reference, a few samples. Prints the Markdown table; with `out`, writes
+    OUT.md and OUT.json. Returns the rows."""
+    from lmforge.align.compare import compare, markdown, parse_policies, write_results
+
+    named = parse_policies(policies or [])
+    source = prompts_from or (named[0][1] if named else None)
+    if source is None:
+        raise LMForgeError("compare: name the held-out prompts with --prompts-from RUN (or give a --policy)")
+    rows, prompts = compare(
+        reference, reward, named, best_of_n or [], source, split=split, max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens, seed=seed,
+    )  # fmt: skip
+    title = f"{len(prompts)} held-out prompts ({split} split of {source}'s data), reward model {reward}"
+    print(markdown(rows, prompts, samples, title))
+    if out:
+        write_results(rows, prompts, out, samples, title)
+        print(f"written to {Path(out).with_suffix('.md')} and {Path(out).with_suffix('.json')}")
+    return rows
 
 
 def cmd_align_data(

@@ -122,6 +122,21 @@ def read_preferences(path: str | Path) -> list[PreferencePair]:
     return out
 
 
+def read_prompts(path: str | Path) -> list[Conversation]:
+    """The prompts of an instruction or a preference file (responses, `chosen` and `rejected` are ignored; a
+    `messages` list may end with the assistant's response, which is dropped)."""
+    path = Path(path)
+    out = []
+    for n, obj in read_jsonl(path):
+        msgs = obj.get("messages")
+        if isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict) and msgs[-1].get("role") == "assistant":
+            obj = {**obj, "messages": msgs[:-1]}
+        out.append(_prompt(path, n, obj, with_response=False))
+    if not out:
+        raise LMForgeError(f"{path}: no prompts")
+    return out
+
+
 def conversation_record(conv: Conversation) -> dict:
     """The JSON record of a conversation: instruction form when it is one instruction and its response."""
     m = conv.messages

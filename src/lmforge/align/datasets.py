@@ -7,6 +7,8 @@ Instruction sources:
   input, the label word ("positive" / "negative") as the response.
 - "debian": `lmforge data fetch debian-descriptions` (Debian's English package descriptions): "Summarise ..." with
   the long description (its first `max_words` words) as input and the one-line synopsis as the response.
+- "continuation": the prompts of the "continuation" preference source below with their true continuation (the
+  chosen response) as the demonstration — the SFT step before a reward model, DPO or PPO on those prompts.
 
 Preference sources:
 
@@ -40,7 +42,7 @@ SENTIMENT_PROMPTS = (
 )
 SUMMARY_PROMPT = "Summarise this Debian package description in one line."
 CONTINUE_PROMPT = "Continue the passage."
-INSTRUCTION_SOURCES = ("sentiment", "debian")
+INSTRUCTION_SOURCES = ("sentiment", "debian", "continuation")
 PREFERENCE_SOURCES = ("sentiment", "continuation")
 
 
@@ -82,15 +84,18 @@ def debian_instructions(
 
 
 def instruction_set(
-    sources: list[str], split: Split = "train", limit: int | None = None, cache_dir: Path | None = None
+    sources: list[str], split: Split = "train", limit: int | None = None, cache_dir: Path | None = None, **kw
 ) -> list[Conversation]:
-    """The conversations of several sources, interleaved by a fixed shuffle (`limit` per source)."""
+    """The conversations of several sources, interleaved by a fixed shuffle (`limit` per source; `kw`: the
+    continuation source's options, as for `continuation_preferences`)."""
     out: list[Conversation] = []
     for name in sources:
         if name == "sentiment":
             out += sentiment_instructions(split, limit)
         elif name == "debian":
             out += debian_instructions(split, limit, cache_dir=cache_dir)
+        elif name == "continuation":
+            out += [p.conversation("chosen") for p in continuation_preferences(split, limit, **kw)]
         else:
             raise LMForgeError(f"unknown instruction source '{name}' (known: {', '.join(INSTRUCTION_SOURCES)})")
     random.Random(0).shuffle(out)

@@ -39,6 +39,12 @@ class RewardModel(nn.Module):
         last = attention_mask.sum(-1).clamp(min=1) - 1  # (B,) index of the last real token
         return self.head(h[torch.arange(h.shape[0], device=h.device), last]).squeeze(-1)
 
+    def token_scores(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The head on every position (B, T): a scalar per prefix (PPO's value function, Stiennon et al. 2020 §3.4:
+        a network of its own initialised from the reward model)."""
+        h = self.backbone(input_ids, attention_mask, return_logits=False).last_hidden_state  # (B, T, d)
+        return self.head(h).squeeze(-1)
+
 
 def pairwise_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
     """Mean −log σ(r_w − r_l) over pairs (InstructGPT eq. 1, without the 1/C(K,2) grouping)."""

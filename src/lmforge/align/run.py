@@ -1,32 +1,38 @@
-"""Alignment runs from an AlignConfig: SFT, reward model or DPO → RUN/config.yaml, metrics.jsonl, eval.json and
-checkpoints/step_N (an SFT or DPO policy loads with `lmforge.load(RUN)`, a reward model with
+"""Alignment runs from an AlignConfig: SFT, reward model, DPO or PPO → RUN/config.yaml, metrics.jsonl, eval.json
+and checkpoints/step_N (an SFT, DPO or PPO policy loads with `lmforge.load(RUN)`, a reward model with
 `load_reward_model(RUN)`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from lmforge.align.config import AlignConfig, align_to_dict, save_align_config
-from lmforge.align.data import PreferencePair, read_instructions, read_preferences
+from lmforge.align.data import PreferencePair, read_instructions, read_preferences, read_prompts
 from lmforge.align.datasets import instruction_set, preference_set
 from lmforge.align.dpo import DPO, dpo_metrics, frozen_copy
 from lmforge.align.packing import pack_batch, pad_batch
+from lmforge.align.ppo import ActorCritic, AdaptiveKL, PPOLoss, normalize_head, value_network
 from lmforge.align.reward import RewardModel, pair_batch, reward_accuracy, reward_loss
+from lmforge.align.rollout import RolloutOptions, RolloutSource, sample_metrics, score_samples
 from lmforge.align.sft import choice_accuracy, encode_all, response_loss, sft_loss
 from lmforge.align.templates import Conversation, add_role_tokens, get_template
 from lmforge.align.train import ShuffledBatches, initial_model
 from lmforge.errors import LMForgeError
+from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import cleanup, init_distributed, rank_seed
 from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger
+from lmforge.train.prefetch import BatchSource
 from lmforge.train.resume import resume_checkpoint
 from lmforge.train.rundir import lock_run_dir
-from lmforge.train.setup import pick_device, seed_everything
+from lmforge.train.setup import autocast_for, pick_device, seed_everything
 
 
 def _split(items: list, dev: list | None) -> tuple[list, list]:
@@ -41,7 +47,18 @@ def instruction_data(cfg: AlignConfig) -> tuple[list[Conversation], list[Convers
     if d.train:
         train = read_instructions(d.train)[: d.max_train]
         return _split(train, read_instructions(d.dev)[: d.max_eval] if d.dev else None)
-    return instruction_set(d.sources, "train", d.max_train), instruction_set(d.sources, "dev", d.max_eval)
+    kw = _continuation_options(cfg)
+    return instruction_set(d.sources, "train", d.max_train, **kw), instruction_set(d.sources, "dev", d.max_eval, **kw)
+
+
+def _continuation_options(cfg: AlignConfig) -> dict:
+    d = cfg.data
+    if "continuation" not in d.sources:
+        return {}
+    return dict(
+        prompt_words=d.prompt_words, response_words=d.response_words, negatives=d.negatives,
+        prompts_from=d.prompts_from, seed=cfg.run.seed,
+    )  # fmt: skip
 
 
 def preference_data(cfg: AlignConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
@@ -49,12 +66,7 @@ def preference_data(cfg: AlignConfig) -> tuple[list[PreferencePair], list[Prefer
     if d.train:
         train = read_preferences(d.train)[: d.max_train]
         return _split(train, read_preferences(d.dev)[: d.max_eval] if d.dev else None)
-    kw = {}
-    if d.sources[0] == "continuation":
-        kw = dict(
-            prompt_words=d.prompt_words, response_words=d.response_words, negatives=d.negatives,
-            prompts_from=d.prompts_from, seed=cfg.run.seed,
-        )  # fmt: skip
+    kw = _continuation_options(cfg) if d.sources[0] == "continuation" else {}
     return preference_set(d.sources[0], "train", d.max_train, **kw), preference_set(
         d.sources[0], "dev", d.max_eval, **kw
     )
@@ -93,21 +105,35 @@ class Run:
         self.lock = lock_run_dir(self.dir, self.dist)
         try:
             self.resume_from = resume_checkpoint(
-                self.dir, align_to_dict(cfg), resume, self.dist.is_main, FROZEN, saved_as="align"
+                self.dir, align_to_dict(cfg), resume, self.dist.is_main, frozen_sections(cfg.method), saved_as="align"
             )
         except BaseException:
             self.lock.release()
             raise
         seed_everything(rank_seed(cfg.run.seed, self.dist.rank))
 
-    def train(self, model, tok, loss_fn, items: list, make, evaluate, extra: dict | None = None) -> dict[str, float]:
-        """Train `model` with `loss_fn` on shuffled batches of `items` (`make` turns a chunk into tensors) and
-        `evaluate()` every eval_every steps; write eval.json. Returns the final dev metrics."""
+    @contextmanager
+    def released_on_error(self) -> Iterator[None]:
+        """Release the run dir (and the process group) when setting the run up fails."""
+        try:
+            yield
+        except BaseException:
+            self.lock.release()
+            cleanup(self.dist)
+            raise
+
+    def shuffled(self, items: list, make) -> ShuffledBatches:
+        """Shuffled batches of `items` (`make` turns a chunk into tensors), this rank's share."""
+        return ShuffledBatches(items, self.cfg.train.batch_size, self.cfg.run.seed, make, self.dist)
+
+    def train(
+        self, model, tok, loss_fn, batches: BatchSource, evaluate, extra: dict | None = None, eval_first: bool = False
+    ) -> dict[str, float]:
+        """Train `model` with `loss_fn` on `batches` and `evaluate()` every eval_every steps (and, with
+        `eval_first`, before the first step of a new run); write eval.json. Returns the final dev metrics."""
         cfg, d = self.cfg, self.dist
         try:
-            core = model.backbone if isinstance(model, RewardModel) else model
-            config = {"model": dataclasses.asdict(core.config), "align": align_to_dict(cfg), **(extra or {})}
-            batches = ShuffledBatches(items, cfg.train.batch_size, cfg.run.seed, make, d)
+            config = {"model": dataclasses.asdict(model.config), "align": align_to_dict(cfg), **(extra or {})}
             spec = LoopSpec(
                 saved=lambda: Saved(model, config, tok),
                 # A sharded model's forward needs every rank: under fsdp each evaluates (rank 0's result is used).
@@ -123,6 +149,10 @@ class Run:
             if d.is_main:
                 save_align_config(cfg, self.dir / ckpt.CONFIG_FILE)
             try:
+                if eval_first and loop.step == 0 and d.is_main:
+                    model.eval()
+                    with torch.no_grad(), loop.autocast:
+                        log.log(0, **{f"dev_{k}": v for k, v in evaluate().items()})
                 metrics = loop.run()
             finally:
                 if log is not None:
@@ -158,7 +188,7 @@ def run_sft(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
         return out
 
     make = (lambda chunk: pack_batch(chunk, pack_len, pad)) if pack_len else (lambda chunk: pad_batch(chunk, pad))
-    return run.train(model, tok, sft_loss, examples, make, evaluate)
+    return run.train(model, tok, sft_loss, run.shuffled(examples, make), evaluate)
 
 
 def run_reward(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
@@ -169,7 +199,7 @@ def run_reward(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     model = RewardModel(backbone).to(run.device)
     make = _batch_maker(pair_batch, template, pad, cfg.model.max_len)
     evaluate = lambda: reward_accuracy(model, dev, template, pad, cfg.model.max_len)  # noqa: E731
-    return run.train(model, tok, reward_loss, train, make, evaluate, {"reward_model": True})
+    return run.train(model, tok, reward_loss, run.shuffled(train, make), evaluate, {"reward_model": True})
 
 
 def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
@@ -191,12 +221,99 @@ def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     L = cfg.model.max_len
     make = _batch_maker(pair_batch, template, pad, L)
     evaluate = lambda: dpo_metrics(policy, reference, dev, template, pad, L, cfg.dpo.beta)  # noqa: E731
-    return run.train(policy, tok, dpo.loss, train, make, evaluate)
+    return run.train(policy, tok, dpo.loss, run.shuffled(train, make), evaluate)
 
 
-RUNNERS = {"sft": run_sft, "reward": run_reward, "dpo": run_dpo}
+def prompt_data(
+    cfg: AlignConfig, split: str = "dev", held_out: int | None = -1
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(training prompts, held-out prompts): those of the data file(s) (held out: the dev file, or the last 10%),
+    or of the first source's preference pairs in `split` (the continuation source's dev and test prompts come from
+    unseen documents). `held_out` caps the held-out prompts (-1: data.max_eval, None: all)."""
+    d = cfg.data
+    cap = d.max_eval if held_out == -1 else held_out
+    if d.train:
+        train = read_prompts(d.train)[: d.max_train]
+        return _split(train, read_prompts(d.dev)[:cap] if d.dev else None)
+    kw = _continuation_options(cfg) if d.sources[0] == "continuation" else {}
+    pairs = (preference_set(d.sources[0], s, n, **kw) for s, n in (("train", d.max_train), (split, cap)))
+    return tuple([p.prompt for p in ps] for ps in pairs)  # type: ignore[return-value]
+
+
+def _same_tokenizer(tok, other, probe: str) -> None:
+    if tok.vocab_size != other.vocab_size or tok.encode(probe) != other.encode(probe):
+        raise LMForgeError("the policy (model.init) and the reward model (ppo.reward) use different tokenizers")
+
+
+def run_ppo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
+    """RLHF with PPO against a reward-model run; dev metrics on held-out prompts: the reward model's mean score
+    (reward), the KL to the reference per response, response length and EOS rate."""
+    p = cfg.ppo
+    if p.reward is None:
+        raise LMForgeError("ppo needs a reward model: pass --reward RUN (a run of `lmforge align reward`)")
+    if not Path(cfg.model.init).exists():
+        raise LMForgeError(f"ppo starts from an SFT run (--init), and '{cfg.model.init}' is not a directory")
+    cfg.train.prefetch = 0  # rollouts sample the policy as it is at the step: never built ahead of it
+    cfg.train.spike_factor = 0.0  # the surrogate loss has no scale a spike could be measured against
+    run = Run(cfg, resume)
+    with run.released_on_error():
+        train, dev = prompt_data(cfg)
+        policy, tok, template, pad = _policy(cfg, train, run.device)
+        rm, rm_tok = load_reward_model(p.reward, run.device)
+        _same_tokenizer(tok, rm_tok, train[0].messages[-1].content)
+        rm.requires_grad_(False)
+        reference = frozen_copy(policy)
+        actor = ActorCritic(policy, value_network(p.value_init, policy, rm), p.temperature).to(run.device)
+        room = cfg.model.max_len - p.max_new_tokens
+        if room < 8:
+            raise LMForgeError(f"model.max_len ({cfg.model.max_len}) leaves {room} prompt tokens for ppo")
+        prompts, dev_prompts = ([template.prompt_ids(c, room) for c in x] for x in (train, dev))
+        opts = RolloutOptions(p.max_new_tokens, p.temperature, p.gamma, p.lam, p.whiten_advantages,
+                              p.missing_eos_score)  # fmt: skip
+        scorer = reward_scorer(rm)
+        source = RolloutSource(
+            actor, reference, scorer, prompts, opts, rollout_batch=p.rollout_batch,
+            minibatch=cfg.train.batch_size, epochs=p.epochs,
+            kl=AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon), seed=cfg.run.seed, eos_id=template.eos,
+            pad_id=pad, dist=run.dist, device=run.device, autocast=autocast_for(run.device, cfg.train.precision),
+        )  # fmt: skip
+        sample = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, eos_id=template.eos, pad_id=pad)
+        if p.reward_norm_samples and run.resume_from is None:  # a resumed run has them in its checkpoint
+            source.norm = _reward_scale(run, reference, scorer, prompts[: p.reward_norm_samples], sample)
+            if p.value_init == "reward":
+                normalize_head(actor.value, *source.norm)
+
+    def evaluate() -> dict[str, float]:
+        return sample_metrics(score_samples(policy, reference, scorer, dev_prompts, seed=cfg.run.seed, **sample))
+
+    loss = PPOLoss(p.clip_range, p.value_clip_range, p.vf_coef)
+    extra = {"export_module": "policy", "value_model": dataclasses.asdict(actor.value.config)}
+    return run.train(actor, tok, loss, source, evaluate, extra, eval_first=True)
+
+
+def _reward_scale(run: Run, reference, scorer, prompts: list[list[int]], sample: dict) -> tuple[float, float]:
+    """(mean, std) of the reward model's scores of the SFT policy's responses to `prompts` (Ziegler et al. §2)."""
+    desc = "reward scale" if run.dist.is_main else ""
+    ref = score_samples(reference, reference, scorer, prompts, seed=run.cfg.run.seed + 1, desc=desc, **sample)
+    mean, std = float(ref.scores.mean()), max(float(ref.scores.std(correction=0)), 1e-6)
+    if run.dist.is_main:
+        status(f"reward model on the SFT policy's responses: mean {mean:.4g}, std {std:.4g}")
+    return mean, std
+
+
+def reward_scorer(rm: RewardModel):
+    """The reward model as a PPO scorer: its score of each right-padded prompt + response."""
+    return lambda res: rm(res.input_ids, res.attention_mask)
+
+
+RUNNERS = {"sft": run_sft, "reward": run_reward, "dpo": run_dpo, "ppo": run_ppo}
 FROZEN = ("method", "model", "data", "sft", "dpo")
 """Sections a resumed alignment run may not change."""
+
+
+def frozen_sections(method: str) -> tuple[str, ...]:
+    """FROZEN, and a PPO run's own section (other runs' checkpoints may predate it)."""
+    return FROZEN + (("ppo",) if method == "ppo" else ())
 
 
 def run_align(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
