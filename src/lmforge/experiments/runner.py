@@ -153,7 +153,7 @@ def _last_error(log: Path) -> str:
 
 def _launch(arm: Arm, device: str | None, threads: str) -> tuple[subprocess.Popen, float]:
     arm.run_dir.mkdir(parents=True, exist_ok=True)
-    env = {"OMP_NUM_THREADS": threads} | dict(os.environ, LMFORGE_QUIET="1")
+    env = {"OMP_NUM_THREADS": threads} | dict(os.environ)  # status lines (resumes, notes) go to the arm log
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     log = open(arm.run_dir / LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115  (closed when the arm ends)
