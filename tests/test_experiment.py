@@ -181,11 +181,21 @@ def test_bad_runs_fail_before_anything_runs(tmp_path, change, message):
 
 
 def test_command_line_overrides_reach_their_stage(tmp_path):
-    data = {**TINY, "finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}]}}
-    cli = ["--train.lr=0.01", "--finetune.train.epochs=1", "--seeds=[3]", "--budget.steps=4"]
+    task = {"name": "s", "recipe": "sst2-gpt", "overrides": {"train.epochs": 5, "data.max_train": 100}}
+    data = {
+        **TINY,
+        "finetune": {"tasks": [task], "arms": {"a": {"init": "gpt"}, "b": {"init": "gpt", "train.epochs": 7}}},
+    }
+    data["pretrain"] = {**data["pretrain"], "budget": {"steps": 9}, "arms": {"gpt": {"train.lr": 0.5}}}
+    cli = ["--train.lr=0.01", "--train.batch_size=2", "--finetune.train.epochs=1", "--seeds=3,4", "--budget.steps=4"]
     exp = load_experiment(write(tmp_path, data), cli)
-    assert exp.overrides["train.lr"] == 0.01 and exp.finetune_overrides == {"train.epochs": 1}
-    assert exp.seeds == exp.finetune_seeds == [3] and (exp.budget.kind, exp.budget.value) == ("steps", 4.0)
+    assert exp.overrides["train.batch_size"] == 2 and exp.finetune_cli == {"train.epochs": 1}
+    assert exp.seeds == exp.finetune_seeds == [3, 4] and (exp.budget.kind, exp.budget.value) == ("steps", 4.0)
+    plan = plan_experiment(exp, make_data=False)
+    pre = plan.arms[0]
+    assert pre.max_steps == 4 and pre.overrides["train.lr"] == 0.5  # the arm's own key wins over the command line
+    ft = {a.info["arm"]: a.overrides for a in plan.arms if a.kind == "finetune" and a.info["seed"] == 3}
+    assert ft["a"]["train.epochs"] == 1 and ft["a"]["data.max_train"] == 100 and ft["b"]["train.epochs"] == 7
     with pytest.raises(LMForgeError, match="--eval.\\*: this experiment has no evaluations"):
         load_experiment(write(tmp_path, data), ["--eval.data.max_eval=3"])
 
@@ -265,7 +275,7 @@ def test_table_rows_mean_and_std_over_seeds(tmp_path):
     assert fmt(rows[0].cells["s dev accuracy"], 1) == "75.0 ± 7.1" and fmt([3.5], 4) == "3.5000"
     from lmforge.experiments.spec import Experiment
 
-    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, [], [], [])
+    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, {}, [], [], [])
     table = render(exp, results, "equal steps")
     assert "| pretrained | gpt | 2 | 1M | 10 | 5.12k | 1.00e+12 | 3.5000 | 60.0 | 75.0 ± 7.1 | 65.0 ± 7.1 |" in table
     assert "| random-init | none | 2 | – | – | – | – | – | – | 55.0 ± 7.1 | 45.0 ± 7.1 |" in table

@@ -95,7 +95,7 @@ def yaml_of(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_random_init_arm_and_zero_shot_evaluation(tmp_path, docs):
     out = tmp_path / "exp"
-    r = run_cli("gpt1-pretraining-tiny", "--out", str(out), f"--data.inputs=[{docs}]", "--seeds=[0]", *SMALL,
+    r = run_cli("gpt1-pretraining-tiny", "--out", str(out), f"--data.inputs=[{docs}]", "--seeds=0", *SMALL,
                 "--eval.data.max_eval=32", "--jobs", "2", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((out / "gpt1-pretraining-tiny.json").read_text())

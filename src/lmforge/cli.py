@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "experiment", help="experiment file or bundled name in recipes/experiments (e.g. roberta-masking-tiny); "
         "--a.b=value: every pretraining arm, --finetune.a.b=value: every fine-tuning run, --eval.a.b=value: every "
-        "evaluation, --seeds=[0,1] and --budget.tokens|flops|steps=N: the file's",
+        "evaluation, --seeds=0,1 and --budget.tokens|flops|steps=N: the file's",
     )  # fmt: skip
     ex.add_argument("--out", help="experiment dir (default: the file's out:)")
     ex.add_argument("--jobs", type=int, default=1, help="runs at once (on one GPU, or round robin over --devices)")

@@ -168,7 +168,7 @@ def _finetuning(exp: Experiment, plan: Plan, cfgs: dict[str, Any]) -> list[Arm]:
     for task in exp.tasks:
         for spec in exp.finetune_arms:
             what = f"fine-tuning arm {spec.name} ({task.name})"
-            over = exp.finetune_overrides | task.overrides | spec.overrides
+            over = exp.finetune_overrides | task.overrides | exp.finetune_cli | spec.overrides
             for seed in exp.finetune_seeds:
                 o = over | {"run.seed": seed}
                 init, arch, after = _init(spec, seed, plan, cfgs, what)

@@ -94,6 +94,9 @@ class Experiment:
     budget: Budget | None
     finetune_seeds: list[int]
     finetune_overrides: dict[str, Any]
+    """Every fine-tuning run's config keys (under each task's and each arm's own)."""
+    finetune_cli: dict[str, Any]
+    """--finetune.KEY=V: over each task's keys, under each arm's own."""
     finetune_arms: list[ArmSpec]
     """Grid expanded; by default one per pretraining arm (× the grid), fine-tuned from it."""
     tasks: list[FinetuneTask]
@@ -106,7 +109,7 @@ class Experiment:
 
 def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | None = None) -> Experiment:
     """Read and validate an experiment file (a path or a bundled name in recipes/experiments/), with command-line
-    overrides: --seeds=[..] and --budget.KIND=N replace the file's; --finetune.KEY=V goes to every fine-tuning run,
+    overrides: --seeds=0,1 and --budget.KIND=N replace the file's; --finetune.KEY=V goes to every fine-tuning run,
     --eval.KEY=V to every evaluation, any other --KEY=V to every pretraining arm (under the arm's own keys)."""
     from lmforge.config import parse_overrides, resolve_recipe
 
@@ -116,6 +119,8 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     for k in ("seeds", "budget"):
         if k in user:
             raw[k] = user.pop(k)
+    if "budget" in raw and cli and any(a.startswith("--budget") for a in cli):
+        _section(raw.get("pretrain"), "pretrain").pop("budget", None)  # the command line's budget is every arm's
     ft_cli, eval_cli = flatten(_section(user.pop("finetune", {}), "--finetune")), user.pop("eval", {})
     pt, ft = _section(raw.get("pretrain"), "pretrain"), raw.get("finetune")
     _check_keys(pt, PRETRAIN_KEYS, "pretrain.")
@@ -137,7 +142,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
         ft = _section(ft, "finetune")
         _check_keys(ft, FINETUNE_KEYS, "finetune.")
         tasks = _tasks(ft.get("tasks"))
-        ft_over = _overrides(ft.get("overrides"), "finetune.overrides") | ft_cli
+        ft_over = _overrides(ft.get("overrides"), "finetune.overrides")
         ft_seeds = _seeds(ft.get("seeds", top), "finetune.seeds" if "seeds" in ft else "seeds")
         ft_arms = _arms(ft, "finetune", default="", base=[ArmSpec(a.name, init=a.name) for a in arms])
     elif ft_cli:
@@ -152,7 +157,8 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
         )
     return Experiment(
         p, str(raw.get("description", "")).strip(), Path(out or raw.get("out") or f"runs/experiments/{p.stem}"),
-        seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_arms, tasks, evals,
+        seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_cli, ft_arms, tasks,
+        evals,
     )  # fmt: skip
 
 
@@ -200,6 +206,8 @@ def _overrides(value: Any, where: str) -> dict[str, Any]:
 def _seeds(value: Any, where: str) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
+    if isinstance(value, str) and re.fullmatch(r"\d+(,\d+)*", value.replace(" ", "")):
+        value = [int(x) for x in value.replace(" ", "").split(",")]  # --seeds=0,1,2
     ok = isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
     if not ok or len(set(value)) != len(value):
         raise LMForgeError(f"{where}: expected a list of distinct integer seeds, got {value!r}")
