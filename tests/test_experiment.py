@@ -282,3 +282,21 @@ def test_table_rows_mean_and_std_over_seeds(tmp_path):
     data = summary_json(exp, results, "equal steps")
     assert data["rows"][1]["values"]["s dev accuracy"]["values"] == pytest.approx([50.0, 60.0])
     json.dumps(data)  # plain JSON
+
+
+def test_pretraining_only_table(tmp_path):
+    from lmforge.experiments.spec import Experiment
+
+    results = []
+    for arm, losses in (("causal", (3.4, 3.6)), ("prefix", (3.0, 3.1))):
+        for seed, loss in enumerate(losses):
+            info = {"stage": "pretrain", "arm": arm, "seed": seed, "params": 2000, "steps": 8, "tokens": 4096,
+                    "flops": 3e9, "tokens_per_step": 512, "flops_per_step": 3.75e8}  # fmt: skip
+            results.append(_result("pretrain", f"pretrain/{arm}-s{seed}", info, {"step": 8, "val_loss": loss}))
+    results[-1].state, results[-1].final = "failed", None
+    exp = Experiment(tmp_path / "p.yaml", "", tmp_path, [0, 1], "gpt", {}, [], None, [0, 1], {}, {}, [], [], [])
+    table = render(exp, results, "equal steps, 8 steps an arm")
+    assert "| arm | seeds | params | steps | tokens | FLOPs | val loss |" in table  # no init column
+    assert "| causal | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.5000 ± 0.1414 |" in table
+    assert "| prefix | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.0000 |" in table  # the failed seed is left out ...
+    assert "**Failed, so missing from the table:** pretrain/prefix-s1 (their arm.log" in table  # ... and named

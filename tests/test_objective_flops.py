@@ -6,7 +6,7 @@ import pytest
 import torch
 from lm_objective_testing import TINY_SEQ2SEQ, objective, tokenizer
 
-from lmforge.config import load_config
+from lmforge.config import RECIPES_DIR, load_config
 from lmforge.models.flops import lm_head_weights, matmul_weights, training_flops
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.electra import generator_config
@@ -58,3 +58,13 @@ def test_electra_counts_generator_and_discriminator():
 def test_decoders_count_the_model_once_per_window():
     cfg = load_config("gpt", {"model": {"preset": "gpt-tiny"}, "train": {"seq_len": 64}})
     assert OBJECTIVES.get("causal_lm").window_flops(cfg) == training_flops(cfg.model, 64)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in (RECIPES_DIR / "pretrain").glob("*.yaml")))
+def test_every_bundled_pretraining_recipe_counts_its_window(recipe):
+    """At least the stack over half the window, at most twice the whole model over the whole window both ways."""
+    cfg = load_config(recipe)
+    flops = OBJECTIVES.get(cfg.objective.name).window_flops(cfg)
+    T = cfg.train.seq_len
+    w = matmul_weights(cfg.model)
+    assert 6 * (w.encoder + w.decoder) * T / 2 < flops < 2 * training_flops(cfg.model, T + 1, T + 1)

@@ -101,7 +101,7 @@ def render(exp: Experiment, results: list[ArmResult], budget: str) -> str:
     """The markdown report: the description, the budget and the results table."""
     rows, columns = build_rows(results)
     facts = pretrain_facts(results)
-    has_ft = any(row.init != row.name for row in rows)  # an init column only when it says something
+    has_ft = any(row.init not in ("", row.name) for row in rows)  # an init column only when it says something
     epochs = any("epochs" in f for f in facts.values())
     heads = ["arm"] + (["init"] if has_ft else []) + ["seeds"]
     if facts:
@@ -126,7 +126,7 @@ def render(exp: Experiment, results: list[ArmResult], budget: str) -> str:
                "between arms of one objective).\n")  # fmt: skip
     out.append(markdown_table(heads, lines, "l" * (len(heads) - len(columns)) + "r" * len(columns)))
     if failed:
-        out.append(f"\n**{len(failed)} runs failed and are missing from the table:** {', '.join(failed)}.\n")
+        out.append(f"\n**Failed, so missing from the table:** {', '.join(failed)} (their arm.log says why).\n")
     out.append(f"\n![loss curves](plots/{exp.name}-loss.png)\n\n![final metrics](plots/{exp.name}-metrics.png)\n")
     return "\n".join(out)
 
