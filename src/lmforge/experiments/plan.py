@@ -81,14 +81,13 @@ def _pretraining(exp: Experiment, make_data: bool) -> tuple[dict[str, dict[int, 
         train_tokens = None
         if spec.init is not None and spec.init not in names:
             raise LMForgeError(f"{what}: init: '{spec.init}' is not a pretraining arm (run.init: PATH continues a run)")
-        if spec.init is None and make_data:
+        if spec.init is None and not over.get("run.init") and make_data:  # a continued run keeps its tokenizer
             cfg = _resolve(recipe, over, what)
-            if not (cfg.data.prepared and cfg.data.tokenizer):
-                key = data_key(cfg)
-                if key not in shared:
-                    shared[key] = shared_data(cfg, exp.out / "shared" / key)
-                train_tokens = shared[key]["train_tokens"]
-                over = over | {k: v for k, v in shared[key].items() if k != "train_tokens"}
+            key = data_key(cfg)  # given data.tokenizer and data.prepared are used as they are
+            if key not in shared:
+                shared[key] = shared_data(cfg, exp.out / "shared" / key)
+            train_tokens = shared[key]["train_tokens"]
+            over = over | {k: v for k, v in shared[key].items() if k != "train_tokens"}
         pre[spec.name] = {}
         for seed in exp.seeds:
             o, after = over | {"run.seed": seed}, []
@@ -107,7 +106,7 @@ def _pretraining(exp: Experiment, make_data: bool) -> tuple[dict[str, dict[int, 
             pre[spec.name][seed] = arm
         cfgs[spec.name] = cfg
     tokenizers = {str(a.overrides["data.tokenizer"]) for runs in pre.values() for a in runs.values()
-                  if "data.tokenizer" in a.overrides and not a.info["init"]}  # fmt: skip
+                  if a.overrides.get("data.tokenizer") and not a.overrides.get("run.init")}  # fmt: skip
     return pre, cfgs, tokenizers
 
 
