@@ -205,6 +205,14 @@ def _scaling(args: argparse.Namespace) -> None:
     cmd_scaling(args.sweep, args.overrides, out=args.out, jobs=args.jobs, devices=devices, dry_run=args.dry_run)
 
 
+def _experiment(args: argparse.Namespace) -> None:
+    from lmforge.experiments.experiment import cmd_experiment
+
+    devices = args.devices.split(",") if args.devices else None
+    cmd_experiment(args.experiment, args.overrides, out=args.out, jobs=args.jobs, devices=devices,
+                   dry_run=args.dry_run, only=args.only)  # fmt: skip
+
+
 def _probe(args: argparse.Namespace) -> None:
     from lmforge.eval.position_probe import cmd_probe
 
@@ -425,6 +433,20 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--dry-run", action="store_true", help="list the arms and a command line; run nothing")
     sc.set_defaults(fn=_scaling)
 
+    ex = sub.add_parser("experiment", help="pretrain a grid of arms at one budget, fine-tune/evaluate each, tabulate")
+    ex.add_argument(
+        "experiment", help="experiment file or bundled name in recipes/experiments (e.g. roberta-masking-tiny); "
+        "--a.b=value: every pretraining arm, --finetune.a.b=value: every fine-tuning run, --eval.a.b=value: every "
+        "evaluation, --seeds=0,1 and --budget.tokens|flops|steps=N: the file's",
+    )  # fmt: skip
+    ex.add_argument("--out", help="experiment dir (default: the file's out:)")
+    ex.add_argument("--jobs", type=int, default=1, help="runs at once (on one GPU, or round robin over --devices)")
+    ex.add_argument("--devices", help="GPUs for the job slots, round robin, e.g. 0,1,2,3")
+    ex.add_argument("--dry-run", action="store_true", help="list the runs and a command line of each kind; run nothing")
+    ex.add_argument("--only", action="append", help="run only the runs matching this glob (repeatable), e.g. "
+                    "'finetune/sentiment/*', and the runs they need")  # fmt: skip
+    ex.set_defaults(fn=_experiment)
+
     pr = sub.add_parser("probe", help="position probe: regress absolute position from position representations")
     pr.add_argument("target", help="run dir, checkpoint dir or preset name")
     pr.add_argument("--n-positions", type=int, default=None)
@@ -451,7 +473,8 @@ def _run(argv: list[str]) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
-    if args.command in ("pretrain", "finetune", "eval", "scaling") or (args.command, getattr(args, "sub", None)) in (
+    takes_overrides = ("pretrain", "finetune", "eval", "scaling", "experiment")
+    if args.command in takes_overrides or (args.command, getattr(args, "sub", None)) in (
         ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("align", "ppo"), ("compress", "report"),
         ("config", "show"),
     ):  # fmt: skip

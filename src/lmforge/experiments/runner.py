@@ -1,5 +1,7 @@
-"""Run many pretraining runs ("arms") as `lmforge pretrain` subprocesses: one at a time or `jobs` at once, each an
-ordinary run dir. An arm whose metrics.jsonl already holds a validation loss at its final step is skipped; an arm
+"""Run many runs ("arms") as `lmforge pretrain`, `lmforge finetune` and `lmforge eval` subprocesses: one at a time
+or `jobs` at once, each an ordinary run dir, an arm starting once the arms it needs (its `after`: the run it
+continues or fine-tunes) have finished. A finished arm is skipped: a pretraining run whose metrics.jsonl holds a
+validation loss at its final step, a fine-tuning run with its eval.json, an evaluation with its results file. An arm
 killed midway continues from its latest checkpoint (the same overrides again, with --resume)."""
 
 from __future__ import annotations
@@ -11,27 +13,40 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lmforge.errors import LMForgeError
 from lmforge.progress import status
 
 LOG_FILE = "arm.log"
 """The arm's stdout and stderr, in its run dir."""
+EVAL_RESULTS = "results.json"
+"""An evaluation arm's results ({task: {metric: value}}), in its run dir."""
+ArmKind = Literal["pretrain", "finetune", "eval"]
 
 
 @dataclass
 class Arm:
-    """One pretraining run: `lmforge pretrain RECIPE --run.dir=RUN_DIR OVERRIDES --train.max_steps=MAX_STEPS`."""
+    """One run. pretrain: `lmforge pretrain RECIPE --run.dir=RUN_DIR OVERRIDES --train.max_steps=MAX_STEPS`;
+    finetune: `lmforge finetune RECIPE --init INIT --run.dir=RUN_DIR OVERRIDES`; eval: `lmforge eval INIT --task
+    TASK ... --out RUN_DIR/results.json OVERRIDES`."""
 
     name: str
     run_dir: Path
     recipe: str
     overrides: dict[str, Any]
-    """Dotted config keys → values, as on the pretrain command line (run.dir and train.max_steps excluded)."""
-    max_steps: int
+    """Dotted config keys → values, as on the command line (run.dir and train.max_steps excluded)."""
+    max_steps: int | None = None
+    """Pretraining steps (None for the other kinds)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything the experiment records about the arm (size, tokens, parameter count), for its tables."""
+    kind: ArmKind = "pretrain"
+    init: str | None = None
+    """finetune: what `--init` starts from; eval: the model evaluated."""
+    tasks: list[str] = field(default_factory=list)
+    """eval: the `--task` recipes."""
+    after: list[str] = field(default_factory=list)
+    """Names of the arms whose runs this one needs; it starts once they have finished."""
 
 
 @dataclass
@@ -40,7 +55,8 @@ class ArmResult:
     state: str
     """'skipped' (already finished), 'finished', or 'failed'."""
     final: dict | None = None
-    """The arm's metrics.jsonl record holding val_loss at max_steps."""
+    """pretrain: the metrics.jsonl record holding val_loss at max_steps; finetune: {"dev": eval.json, "test":
+    eval_test.json or None}; eval: the results file."""
     seconds: float = 0.0
     error: str = ""
 
@@ -67,11 +83,16 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def cli_args(overrides: dict[str, Any]) -> list[str]:
+    """Dotted keys → values as command-line overrides (--train.lr=0.001)."""
+    return [f"--{k}={format_value(v)}" for k, v in overrides.items()]
+
+
 def resolve_config(recipe: str, overrides: dict[str, Any]):
     """The validated pretraining Config an arm will run (bad keys and values fail here, before any run starts)."""
     from lmforge.config import load_config
 
-    return load_config(recipe, [f"--{k}={format_value(v)}" for k, v in overrides.items()])
+    return load_config(recipe, cli_args(overrides))
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -88,11 +109,36 @@ def final_record(run_dir: Path, step: int) -> dict | None:
     return hits[-1] if hits else None
 
 
+def arm_final(arm: Arm) -> dict | None:
+    """The arm's results if it has finished (see `ArmResult.final`), else None."""
+    d = Path(arm.run_dir)
+    if arm.kind == "pretrain":
+        return final_record(d, int(arm.max_steps or 0))
+    if arm.kind == "finetune":
+        dev = _read_json(d / "eval.json")
+        return None if dev is None else {"dev": dev, "test": _read_json(d / "eval_test.json")}
+    return _read_json(d / EVAL_RESULTS)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing, or half written by a killed process
+    return data if isinstance(data, dict) else None
+
+
 def arm_command(arm: Arm) -> list[str]:
-    """The pretrain command line of an arm; --resume once it has a checkpoint to continue from."""
-    cmd = [sys.executable, "-m", "lmforge.cli", "pretrain", arm.recipe, f"--run.dir={arm.run_dir}"]
-    cmd += [f"--{k}={format_value(v)}" for k, v in arm.overrides.items()]
-    cmd.append(f"--train.max_steps={arm.max_steps}")
+    """The command line of an arm; a pretraining or fine-tuning arm adds --resume once it has a checkpoint."""
+    base = [sys.executable, "-m", "lmforge.cli"]
+    over = cli_args(arm.overrides)
+    if arm.kind == "eval":
+        tasks = [x for t in arm.tasks for x in ("--task", t)]
+        return base + ["eval", str(arm.init), *tasks, "--out", str(Path(arm.run_dir) / EVAL_RESULTS), *over]
+    if arm.kind == "finetune":
+        cmd = base + ["finetune", arm.recipe, "--init", str(arm.init), f"--run.dir={arm.run_dir}", *over]
+    else:
+        cmd = base + ["pretrain", arm.recipe, f"--run.dir={arm.run_dir}", *over, f"--train.max_steps={arm.max_steps}"]
     return cmd + (["--resume"] if has_checkpoint(arm.run_dir) else [])
 
 
@@ -107,7 +153,7 @@ def _last_error(log: Path) -> str:
 
 def _launch(arm: Arm, device: str | None, threads: str) -> tuple[subprocess.Popen, float]:
     arm.run_dir.mkdir(parents=True, exist_ok=True)
-    env = {"OMP_NUM_THREADS": threads} | dict(os.environ, LMFORGE_QUIET="1")
+    env = {"OMP_NUM_THREADS": threads} | dict(os.environ)  # status lines (resumes, notes) go to the arm log
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     log = open(arm.run_dir / LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115  (closed when the arm ends)
@@ -118,16 +164,21 @@ def _launch(arm: Arm, device: str | None, threads: str) -> tuple[subprocess.Pope
 
 def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, poll_s: float = 0.5) -> list[ArmResult]:
     """Run every unfinished arm (at most `jobs` at once; with `devices`, job slot i sees only GPU devices[i %
-    len(devices)]) and return one result per arm, in order. Failures do not stop the other arms."""
+    len(devices)]), each once the arms it needs have finished, and return one result per arm, in order. A failure
+    does not stop the other arms; the arms that need a failed one fail without running."""
     if jobs < 1:
         raise LMForgeError(f"--jobs must be >= 1, got {jobs}")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise LMForgeError("arm names must be unique")
+    for arm in arms:
+        missing = [n for n in arm.after if n not in names]
+        if missing:
+            raise LMForgeError(f"arm {arm.name} needs {missing[0]}, which is not an arm of this run")
     results: dict[str, ArmResult] = {}
     todo = []
     for arm in arms:
-        final = final_record(arm.run_dir, arm.max_steps)
+        final = arm_final(arm)
         if final is not None:
             results[arm.name] = ArmResult(arm, "skipped", final)
         else:
@@ -139,14 +190,18 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # CPU runs: no more threads than cores
     try:
         while todo or running:
+            _fail_orphans(todo, results)
             for slot in range(jobs):
-                if slot not in running and todo:
-                    arm = todo.pop(0)
-                    device = devices[slot % len(devices)] if devices else None
-                    started += 1
-                    verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
-                    status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
-                    running[slot] = (arm, *_launch(arm, device, threads))
+                arm = _next_ready(todo, results) if slot not in running else None
+                if arm is None:
+                    continue
+                device = devices[slot % len(devices)] if devices else None
+                started += 1
+                verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
+                status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
+                running[slot] = (arm, *_launch(arm, device, threads))
+            if todo and not running:  # nothing can start: a cycle among the arms' `after`
+                raise LMForgeError(f"arm {todo[0].name} waits for arms that never run: {', '.join(todo[0].after)}")
             time.sleep(poll_s)
             for slot, (arm, proc, t0) in list(running.items()):
                 if proc.poll() is None:
@@ -162,21 +217,51 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     return [results[a.name] for a in arms]
 
 
+def _next_ready(todo: list[Arm], results: dict[str, ArmResult]) -> Arm | None:
+    """Remove and return the first waiting arm whose `after` arms have all finished."""
+    for i, arm in enumerate(todo):
+        if all(n in results and results[n].state != "failed" for n in arm.after):
+            return todo.pop(i)
+    return None
+
+
+def _fail_orphans(todo: list[Arm], results: dict[str, ArmResult]) -> None:
+    """Waiting arms that need a failed arm fail too (repeatedly, down chains of arms)."""
+    changed = True
+    while changed:
+        changed = False
+        for arm in list(todo):
+            bad = [n for n in arm.after if n in results and results[n].state == "failed"]
+            if bad:
+                todo.remove(arm)
+                results[arm.name] = ArmResult(arm, "failed", error=f"not run: {bad[0]} failed")
+                changed = True
+
+
 def _finish(arm: Arm, returncode: int, seconds: float) -> ArmResult:
-    final = final_record(arm.run_dir, arm.max_steps) if returncode == 0 else None
+    final = arm_final(arm) if returncode == 0 else None
     if final is None:
-        error = _last_error(arm.run_dir / LOG_FILE) if returncode else "no val_loss at the final step"
+        error = _last_error(arm.run_dir / LOG_FILE) if returncode else "finished without its results"
         status(f"{arm.name}: failed after {seconds:.0f} s: {error}")
         return ArmResult(arm, "failed", None, seconds, error)
-    status(f"{arm.name}: val_loss {final['val_loss']:.4f} after {seconds:.0f} s")
+    status(f"{arm.name}: {summary(arm, final)} after {seconds:.0f} s")
     return ArmResult(arm, "finished", final, seconds)
+
+
+def summary(arm: Arm, final: dict) -> str:
+    """A finished arm's headline numbers, e.g. 'val_loss 3.2100' or 'dev accuracy 0.7810'."""
+    if arm.kind == "pretrain":
+        return f"val_loss {final['val_loss']:.4f}"
+    if arm.kind == "finetune":
+        return "dev " + ", ".join(f"{k} {v:.4f}" for k, v in final["dev"].items())
+    return "; ".join(f"{t}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()) for t, m in final.items())
 
 
 def check_all_finished(results: list[ArmResult]) -> None:
     """Raise one line naming the failed arms and where their logs are."""
     failed = [r for r in results if r.state == "failed"]
     if failed:
-        first = failed[0]
+        first = next((r for r in failed if not r.error.startswith("not run:")), failed[0])
         raise LMForgeError(
             f"{len(failed)} of {len(results)} arms failed ({', '.join(r.arm.name for r in failed)}); "
             f"{first.arm.name}: {first.error} (log: {first.arm.run_dir / LOG_FILE}); rerun to retry them"

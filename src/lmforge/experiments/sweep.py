@@ -8,7 +8,6 @@ ending at its own token budget, as Hoffmann et al. 2022 train theirs."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
@@ -18,7 +17,6 @@ from lmforge.errors import LMForgeError
 from lmforge.experiments.runner import Arm, flatten, resolve_config
 from lmforge.progress import status
 
-FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 RESERVED = ("run.dir", "train.max_steps")
 """Keys the sweep sets per arm."""
 
@@ -142,32 +140,9 @@ def shape_sizes(rule: ShapeRule) -> list[tuple[str, dict[str, Any]]]:
 def shared_data(sweep: Sweep) -> dict[str, Any]:
     """Overrides that point every arm at one tokenizer and one prepared corpus (made in OUT/shared if needed).
     `train_tokens` in the result is the corpus's training-split size, not an override."""
-    from lmforge.data import load_default_corpus, prepare, read_documents
-    from lmforge.tokenizers import Tokenizer, train_tokenizer
+    from lmforge.experiments.data import shared_data as make_shared
 
-    cfg = resolve_config(sweep.recipe, sweep.overrides)
-    d, shared = cfg.data, sweep.out / "shared"
-    if d.prepared and not d.tokenizer:
-        raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
-    tok_path = Path(d.tokenizer) if d.tokenizer else shared / "tokenizer"
-    inputs = [Path(x) for x in d.inputs] or None
-    if not d.tokenizer and not (tok_path / "tokenizer.json").is_file():
-        status(f"training the sweep's tokenizer in {tok_path}")
-        texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
-        family = d.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
-        train_tokenizer(texts, d.tokenizer_kind, sweep.vocab_size or d.vocab_size, family=family).save(tok_path)
-    tok = Tokenizer.load(tok_path)
-    data = Path(d.prepared) if d.prepared else shared / "data"
-    if not (data / "meta.json").is_file():
-        if d.prepared:
-            raise LMForgeError(f"data.prepared: {data} is not a prepared data dir (no meta.json)")
-        status(f"preparing the sweep's corpus in {data}")
-        prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed)
-    meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
-    return {
-        "data.tokenizer": str(tok_path), "data.prepared": str(data), "model.vocab_size": tok.vocab_size,
-        "train_tokens": int(meta["train"]["n_tokens"]),
-    }  # fmt: skip
+    return make_shared(resolve_config(sweep.recipe, sweep.overrides), sweep.out / "shared", sweep.vocab_size)
 
 
 # --- arms -------------------------------------------------------------------------------------------------------

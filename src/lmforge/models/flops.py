@@ -64,14 +64,23 @@ def _block_weights(cfg: ModelConfig) -> int:
     return attn + mlp
 
 
+def lm_head_weights(cfg: ModelConfig) -> int:
+    """Matmul weights of the LM head (BERT's transform included): the part of `MatmulWeights.head` that an
+    objective scoring only some positions (masked LMs) runs on fewer tokens."""
+    if not cfg.lm_head:
+        return 0
+    emb = cfg.embedding_dim or cfg.d_model
+    if cfg.lm_head_transform:
+        return cfg.d_model * emb + emb * cfg.vocab_size
+    return cfg.d_model * cfg.vocab_size
+
+
 def matmul_weights(cfg: ModelConfig) -> MatmulWeights:
     """The matmul weights of `cfg`'s model by where they apply (see `MatmulWeights`)."""
     d, q_dim, kv_dim = cfg.d_model, cfg.n_heads * cfg.dim_head, cfg.kv_heads * cfg.dim_head
     emb = cfg.embedding_dim or d
     proj = emb * d if emb != d else 0  # factorised embeddings: E -> d_model, in every stack
-    head = 0
-    if cfg.lm_head:
-        head += (d * emb if cfg.lm_head_transform else 0) + (emb if cfg.lm_head_transform else d) * cfg.vocab_size
+    head = lm_head_weights(cfg)
     if cfg.rtd_head:
         head += d * d + d
     stack = proj + cfg.n_layers * _block_weights(cfg)

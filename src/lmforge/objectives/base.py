@@ -57,10 +57,20 @@ class Objective:
             seed=self.cfg.run.seed,
         )  # fmt: skip
 
-    def lengths(self, seq_len: int) -> tuple[int, int | None]:
-        """(input tokens, decoder target tokens or None) per example of train.seq_len-token windows, for the FLOP
-        count of MFU; encoder-decoder objectives whose inputs and targets differ in length override it."""
+    @classmethod
+    def lengths(cls, options, seq_len: int) -> tuple[int, int | None]:
+        """(input tokens, decoder target tokens or None) the model sees per train.seq_len-token window (expected
+        values where they vary); encoder-decoder objectives whose inputs and targets differ in length override it."""
         return seq_len, None
+
+    @classmethod
+    def window_flops(cls, cfg) -> float:
+        """Training FLOPs (forward + backward, `models/flops.py`) of one train.seq_len-token window of a pretraining
+        Config as this objective feeds it to its model(s): the count behind MFU and equal-compute experiments.
+        Objectives that run extra networks (ELECTRA's generator) or heads on part of the tokens override it."""
+        from lmforge.models.flops import training_flops
+
+        return training_flops(cfg.model, *cls.lengths(cfg.objective.options, cfg.train.seq_len))
 
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         """tokens: (B, T + 1) packed token windows → a batch dict of tensors."""

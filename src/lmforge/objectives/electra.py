@@ -139,6 +139,18 @@ class Electra(MaskedObjective):
         o = self.options
         return ElectraModel(model_cfg, generator_config(model_cfg, o.generator_scale, o.generator_preset))
 
+    @classmethod
+    def window_flops(cls, cfg) -> float:
+        """Generator and discriminator, as Clark et al. 2020 count training FLOPs (Table 1): the discriminator's
+        stack and RTD head on every token, the generator's stack on every token and its MLM head on the masked
+        mask_rate share."""
+        from lmforge.models.flops import lm_head_weights, training_flops
+
+        o, T = cfg.objective.options, cfg.train.seq_len
+        gen = generator_config(cfg.model, o.generator_scale, o.generator_preset)
+        disc = training_flops(cfg.model, T) - 6.0 * lm_head_weights(cfg.model) * T  # its LM head (if any) never runs
+        return disc + training_flops(gen, T) - 6.0 * lm_head_weights(gen) * T * (1.0 - o.mask_rate)
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         labels = batch["labels"]
         out: ElectraOutput = model(batch["input_ids"], labels, batch.get("attention_mask"), batch.get("token_type_ids"))

@@ -139,6 +139,14 @@ class MaskedObjective(Objective):
 
     # --- loss -----------------------------------------------------------------------------------------------
 
+    @classmethod
+    def window_flops(cls, cfg) -> float:
+        """The encoder on every token, the LM head only on the mask_rate share it predicts (`mlm_loss`)."""
+        from lmforge.models.flops import lm_head_weights
+
+        unscored = 1.0 - cfg.objective.options.mask_rate
+        return super().window_flops(cfg) - 6.0 * lm_head_weights(cfg.model) * cfg.train.seq_len * unscored
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
         mlm, n, acc, out = mlm_loss(model, batch)
         # Heads this loss does not use (a BERT preset's pooler, say) still join the graph with a zero weight: DDP

@@ -212,12 +212,25 @@ class T5SpanCorruption(Objective):
             return torch.where(noise, self.mask_id, x), full, x, full
         return bert_corrupt(x, noise, self.mask_id, self.ordinary, o.mask_prob, o.random_prob), full, x, full
 
-    def lengths(self, seq_len: int) -> tuple[int, int | None]:
-        o: T5Options = self.options
-        if o.style != "span":
-            return super().lengths(seq_len)
-        n_noise, n_spans = span_counts(seq_len, o.noise_density, o.mean_span_length)
-        return seq_len - n_noise + n_spans + 1, n_noise + n_spans + 1  # each span a sentinel; EOS at the end
+    @classmethod
+    def lengths(cls, options: T5Options, seq_len: int) -> tuple[int, int | None]:
+        """(encoder, decoder) tokens of a window of L = seq_len tokens, EOS included; expected values for the styles
+        whose lengths vary (iid, drop: Binomial(L, noise_density) corrupted tokens; prefix_lm: a uniform split)."""
+        o, L = options, seq_len
+        if o.style == "span":
+            n_noise, n_spans = span_counts(L, o.noise_density, o.mean_span_length)
+            return L - n_noise + n_spans + 1, n_noise + n_spans + 1  # each span a sentinel; EOS at the end
+        if o.style in ("iid", "drop"):
+            n_noise = o.noise_density * L
+            runs = n_noise * (1 - o.noise_density) if o.style == "iid" else 0.0  # a sentinel per corrupted run
+            return round(L - n_noise + runs + 1), round(n_noise + runs + 1)
+        if o.style == "prefix_lm":
+            lo = min(L - 1, max(1, round((1 - 2 * o.noise_density) * L)))
+            prefix = (lo + L - 1) / 2
+            return round(prefix + 1), round(L - prefix + 1)
+        if o.style == "lm":
+            return 1, L + 1
+        return L + 1, L + 1  # bert, mass, deshuffle: the whole (corrupted) window in, the original out
 
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:
         x = tokens[:, :-1]  # (B, T): the extra token of a packed window only serves next-token objectives

@@ -12,7 +12,6 @@ import torch
 
 from lmforge.config import Config, to_dict
 from lmforge.errors import LMForgeError
-from lmforge.models.flops import model_flops_per_token
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
 from lmforge.progress import status
@@ -104,7 +103,7 @@ class Pretraining:
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
             evaluate=self.evaluate,
             tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * d.world_size,
-            flops_per_token=model_flops_per_token(cfg.model, *self.objective.lengths(t.seq_len)),
+            flops_per_token=self.objective.window_flops(cfg) / t.seq_len,  # per window token, as tokens_per_step
             peak_flops=peak_flops(self.device, torch.bfloat16 if t.precision != "fp32" else torch.float32),
             resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
             stop_when=(lambda m: m["val_loss"] <= t.target_loss) if t.target_loss is not None else None,

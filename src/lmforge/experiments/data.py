@@ -1,0 +1,65 @@
+"""One tokenizer and one prepared corpus for many arms, so that their losses count the same tokens: trained and
+prepared once in the experiment's or sweep's `shared/` dir unless data.tokenizer and data.prepared name them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import LMForgeError
+from lmforge.progress import status
+
+
+def tokenizer_family(cfg) -> str:
+    """The special-token family of a tokenizer trained for a pretraining Config (data.tokenizer_family, else the
+    model architecture's)."""
+    from lmforge.train.setup import FAMILY_BY_ARCH
+
+    return cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
+
+
+def data_key(cfg, vocab_size: int | None = None) -> str:
+    """A short directory name that differs whenever the data a Config trains on would: tokenizer kind, family
+    and size, inputs, split and cleaning."""
+    d = dataclasses.asdict(cfg.data)
+    d["tokenizer_family"] = tokenizer_family(cfg)
+    d["vocab_size"] = vocab_size or cfg.data.vocab_size
+    d["seed"] = cfg.run.seed
+    digest = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+    if cfg.data.tokenizer:
+        return f"tokenizer-{digest}"
+    return f"{cfg.data.tokenizer_kind}-{d['tokenizer_family']}-{d['vocab_size']}-{digest}"
+
+
+def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any]:
+    """Overrides pointing a pretraining Config at one tokenizer and one prepared corpus, made in `dest` if needed
+    (`vocab_size`: of a tokenizer trained here, default data.vocab_size). `train_tokens` in the result is the
+    corpus's training-split size, not an override."""
+    from lmforge.data import load_default_corpus, prepare, read_documents
+    from lmforge.tokenizers import Tokenizer, train_tokenizer
+
+    d = cfg.data
+    if d.prepared and not d.tokenizer:
+        raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
+    tok_path = Path(d.tokenizer) if d.tokenizer else dest / "tokenizer"
+    inputs = [Path(x) for x in d.inputs] or None
+    if not d.tokenizer and not (tok_path / "tokenizer.json").is_file():
+        status(f"training the shared tokenizer in {tok_path}")
+        texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
+        tok = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg))
+        tok.save(tok_path)
+    tok = Tokenizer.load(tok_path)
+    data = Path(d.prepared) if d.prepared else dest / "data"
+    if not (data / "meta.json").is_file():
+        if d.prepared:
+            raise LMForgeError(f"data.prepared: {data} is not a prepared data dir (no meta.json)")
+        status(f"preparing the shared corpus in {data}")
+        prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed)
+    meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
+    return {
+        "data.tokenizer": str(tok_path), "data.prepared": str(data), "model.vocab_size": tok.vocab_size,
+        "train_tokens": int(meta["train"]["n_tokens"]),
+    }  # fmt: skip

@@ -1,0 +1,78 @@
+"""`lmforge experiment EXPERIMENT.yaml`: pretrain a grid of arms at one budget, fine-tune and evaluate each the
+same way, and tabulate mean ± std over seeds (experiments/spec.py: the file; plan.py: the runs; results.py: the
+table and plots). Every run is an ordinary run dir; a rerun skips finished runs and resumes killed ones."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any
+
+from lmforge.errors import LMForgeError
+from lmforge.experiments.plan import Plan, plan_experiment
+from lmforge.experiments.runner import Arm
+from lmforge.experiments.spec import Experiment, load_experiment
+from lmforge.experiments.tables import markdown_table, sci, si
+
+
+def budget_text(exp: Experiment) -> str:
+    """The budget as the report states it."""
+    own = [f"{a.name} {a.budget.amount()}" for a in exp.arms if a.budget is not None]
+    if exp.budget is None:
+        text = "per arm: " if len(own) == len(exp.arms) else "the recipes' train.max_steps; "
+        return text + ", ".join(own) if own else "the recipes' train.max_steps"
+    return exp.budget.describe() + (f" (arms with their own: {', '.join(own)})" if own else "")
+
+
+def select(plan: Plan, only: list[str] | None) -> list[Arm]:
+    """The runs whose names match one of the `only` patterns (globs such as 'finetune/sentiment/*'), with the runs
+    they need; all runs when `only` is empty."""
+    if not only:
+        return plan.arms
+    by_name = {a.name: a for a in plan.arms}
+    keep = {a.name for a in plan.arms if any(fnmatchcase(a.name, p) for p in only)}
+    if not keep:
+        raise LMForgeError(f"--only {' '.join(only)}: no run matches (runs are named like {plan.arms[0].name})")
+    todo = list(keep)
+    while todo:
+        for need in by_name[todo.pop()].after:
+            if need not in keep:
+                keep.add(need)
+                todo.append(need)
+    return [a for a in plan.arms if a.name in keep]
+
+
+def cmd_experiment(
+    path: str,
+    overrides: list[str] | None = None,
+    out: str | None = None,
+    jobs: int = 1,
+    devices: list[str] | None = None,
+    dry_run: bool = False,
+    only: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run (or, dry_run, list) an experiment's unfinished runs (`only`: those matching the patterns, and what they
+    need), then write OUT/NAME.md, NAME.json and plots/ (results.py); print the table. Returns the JSON summary.
+    Failed runs are reported after the table is written."""
+    from lmforge.experiments.results import summary_json, write_report
+    from lmforge.experiments.runner import arm_command, check_all_finished, run_arms
+
+    exp = load_experiment(path, overrides, out)
+    if dry_run:  # nothing written: the runs as they would run, before any shared tokenizer exists
+        arms = select(plan_experiment(exp, make_data=False), only)
+        rows = [[a.name, a.kind, ", ".join(a.after) or "–", a.max_steps or "–",
+                 si(a.info["tokens"]) if "tokens" in a.info else "–",
+                 sci(a.info["flops"]) if "flops" in a.info else "–"] for a in arms]  # fmt: skip
+        print(f"{exp.name}: {len(arms)} runs in {exp.out}; pretraining budget: {budget_text(exp)}\n")
+        print(markdown_table(["run", "kind", "after", "steps", "tokens", "FLOPs"], rows, "lllrrr"))
+        for kind in ("pretrain", "finetune", "eval"):
+            first = next((a for a in arms if a.kind == kind), None)
+            if first is not None:
+                print(" ".join(arm_command(first)))
+        return {}
+    results = run_arms(select(plan_experiment(exp), only), jobs=jobs, devices=devices)
+    paths = write_report(exp, results, budget_text(exp))
+    text = paths[0].read_text(encoding="utf-8")
+    print(text[: text.index("\n![loss curves]")])
+    print("report: " + ", ".join(str(p) for p in paths))
+    check_all_finished(results)
+    return summary_json(exp, results, budget_text(exp))

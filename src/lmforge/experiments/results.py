@@ -1,0 +1,169 @@
+"""An experiment's results: one row per arm (a fine-tuning arm, or a pretraining arm nothing fine-tunes), every
+number the mean ± sample standard deviation over the seeds' runs; written as OUT/NAME.md (the table), OUT/NAME.json
+(every number, every run) and OUT/plots/NAME-loss.png, NAME-metrics.png (experiments/plots.py), NAME being the
+experiment file's name, so that variants of an experiment can share one OUT (and its finished runs)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.experiments.runner import ArmResult
+from lmforge.experiments.spec import Experiment
+from lmforge.experiments.tables import markdown_table, sci, si, write_atomic, write_json
+
+VAL_LOSS = "val loss"
+
+
+@dataclass
+class Row:
+    name: str
+    pretrained: str | None
+    """The pretraining arm the row's pretraining and evaluation columns come from (None: no pretraining)."""
+    init: str = ""
+    """What the row's fine-tuning starts from, as the table shows it."""
+    seeds: int = 0
+    cells: dict[str, list[float]] = field(default_factory=dict)
+    """Column → one value per run."""
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for one value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def fmt(values: list[float], digits: int) -> str:
+    if not values:
+        return "–"
+    m, s = mean_std(values)
+    return f"{m:.{digits}f}" + ("" if s is None else f" ± {s:.{digits}f}")
+
+
+def build_rows(results: list[ArmResult]) -> tuple[list[Row], list[str]]:
+    """Rows and the value columns in order: the pretraining validation loss, each evaluation's metrics, each
+    fine-tuning task's metrics (dev, then test), task metrics ×100."""
+    done = {r.arm.name: r for r in results if r.final is not None}
+    rank: dict[str, int] = {}  # column → 0 pretraining, 1 evaluation, 2 fine-tuning (their order in the table)
+    rows: dict[str, Row] = {}
+    sources: dict[str, set[str]] = {}  # row → the pretraining runs its pretraining columns come from
+    seeds: dict[str, set[int]] = {}
+
+    def add(row: Row, column: str, value: float, kind: int) -> None:
+        rank.setdefault(column, kind)
+        row.cells.setdefault(column, []).append(value)
+
+    for r in (x for x in results if x.arm.kind == "finetune"):
+        i = r.arm.info
+        row = rows.setdefault(i["arm"], Row(i["arm"], i["init_arm"], i["init_arm"] or _short_init(i["init"])))
+        seeds.setdefault(row.name, set()).add(i["seed"])
+        if i["pretrain_run"]:
+            sources.setdefault(row.name, set()).add(i["pretrain_run"])
+        for split in ("dev", "test") if r.final else ():
+            for k, v in (r.final.get(split) or {}).items():
+                add(row, f"{i['task']} {split} {k}", 100 * v, 2)
+    used = {row.pretrained for row in rows.values()}
+    for r in (x for x in results if x.arm.kind == "pretrain" and x.arm.info["arm"] not in used):
+        name = r.arm.info["arm"]
+        key = name if name not in rows or rows[name].pretrained == name else f"{name} (pretraining)"
+        rows.setdefault(key, Row(key, name))
+        sources.setdefault(key, set()).add(r.arm.name)
+        seeds.setdefault(key, set()).add(r.arm.info["seed"])
+    for row in rows.values():
+        row.seeds = len(seeds.get(row.name, ()))
+        runs = sources.get(row.name, set())
+        for name in sorted(runs & set(done)):
+            add(row, VAL_LOSS, done[name].final["val_loss"], 0)
+        for r in done.values():
+            if r.arm.kind == "eval" and r.arm.info["pretrain_run"] in runs:
+                for metrics in r.final.values():
+                    for k, v in metrics.items():
+                        add(row, f"{r.arm.info['eval']} {k}", 100 * v, 1)
+    columns = sorted(rank, key=lambda c: rank[c])  # stable: first-seen order within each kind
+    return list(rows.values()), columns
+
+
+def _short_init(init: str) -> str:
+    return init if init == "none" or "/" not in init else Path(init).name
+
+
+def pretrain_facts(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
+    """Pretraining arm → its planned parameters, steps, tokens, FLOPs (and epochs) (the same for every seed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if r.arm.kind == "pretrain":
+            out.setdefault(r.arm.info["arm"], r.arm.info)
+    return out
+
+
+def render(exp: Experiment, results: list[ArmResult], budget: str) -> str:
+    """The markdown report: the description, the budget and the results table."""
+    rows, columns = build_rows(results)
+    facts = pretrain_facts(results)
+    has_ft = any(row.init not in ("", row.name) for row in rows)  # an init column only when it says something
+    epochs = any("epochs" in f for f in facts.values())
+    heads = ["arm"] + (["init"] if has_ft else []) + ["seeds"]
+    if facts:
+        heads += ["params", "steps", "tokens", "FLOPs"] + (["epochs"] if epochs else [])
+    heads += columns
+    lines = []
+    for row in rows:
+        cells: list[Any] = [row.name] + ([row.init or "–"] if has_ft else []) + [row.seeds]
+        if facts:
+            f = facts.get(row.pretrained or "")
+            cells += [si(f["params"]), f["steps"], si(f["tokens"]), sci(f["flops"])] if f else ["–"] * 4
+            cells += [f"{f['epochs']:.2f}" if f and "epochs" in f else "–"] if epochs else []
+        cells += [fmt(row.cells.get(c, []), 4 if c == VAL_LOSS else 1) for c in columns]
+        lines.append(cells)
+    failed = [r.arm.name for r in results if r.state == "failed"]
+    out = [f"# Experiment {exp.name}\n"]
+    if exp.description:
+        out.append(exp.description + "\n")
+    out.append(f"Pretraining budget: {budget}. Mean ± standard deviation over the seeds' runs; task metrics × 100 "
+               "(dev, and test where the task has labelled test data); val loss: the pretraining objective's final "
+               "validation loss (nats per predicted token; objectives score different tokens, so compare it only "
+               "between arms of one objective).\n")  # fmt: skip
+    out.append(markdown_table(heads, lines, "l" * (len(heads) - len(columns)) + "r" * len(columns)))
+    if failed:
+        out.append(f"\n**Failed, so missing from the table:** {', '.join(failed)} (their arm.log says why).\n")
+    out.append(f"\n![loss curves](plots/{exp.name}-loss.png)\n\n![final metrics](plots/{exp.name}-metrics.png)\n")
+    return "\n".join(out)
+
+
+def summary_json(exp: Experiment, results: list[ArmResult], budget: str) -> dict[str, Any]:
+    rows, columns = build_rows(results)
+    facts = pretrain_facts(results)
+
+    def stats(values: list[float]) -> dict[str, Any]:
+        m, s = mean_std(values)
+        return {"mean": m, "std": s, "n": len(values), "values": values}
+
+    return {
+        "experiment": str(exp.path), "description": exp.description, "budget": budget, "columns": columns,
+        "rows": [{"arm": r.name, "init": r.init, "pretrained": r.pretrained, "seeds": r.seeds,
+                  "pretraining": facts.get(r.pretrained or ""),
+                  "values": {c: stats(v) for c, v in r.cells.items() if v}} for r in rows],
+        "runs": [{"name": r.arm.name, "kind": r.arm.kind, "state": r.state, "run_dir": str(r.arm.run_dir),
+                  "seconds": round(r.seconds, 1), "error": r.error or None, "info": r.arm.info, "results": r.final}
+                 for r in results],
+    }  # fmt: skip
+
+
+def write_report(exp: Experiment, results: list[ArmResult], budget: str) -> list[Path]:
+    """OUT/NAME.md, OUT/NAME.json, OUT/plots/NAME-loss.png and OUT/plots/NAME-metrics.png."""
+    from lmforge.experiments.plots import loss_figure, metrics_figure, save_figure
+
+    paths = [
+        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget)),
+        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget)),
+    ]
+    x_kind = "flops" if exp.budget is not None and exp.budget.kind == "flops" else "tokens"
+    fig = loss_figure([r for r in results if r.arm.kind == "pretrain"], x_kind)
+    if fig is not None:
+        paths.append(save_figure(fig, exp.out / "plots" / f"{exp.name}-loss.png"))
+    rows, columns = build_rows(results)
+    fig = metrics_figure(rows, columns)
+    if fig is not None:
+        paths.append(save_figure(fig, exp.out / "plots" / f"{exp.name}-metrics.png"))
+    return paths

@@ -1,0 +1,336 @@
+"""The experiment file of `lmforge experiment` (docs/experiments.md): pretraining arms (named arms and/or a grid of
+any config keys, seeds, an equal-tokens / equal-FLOPs / equal-steps budget), the fine-tuning every arm then gets,
+and the zero/few-shot evaluations of the pretrained arms. Validated here, once, with one-line errors."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any, Literal
+
+from lmforge.errors import LMForgeError
+from lmforge.experiments.runner import flatten
+
+KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval")
+PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
+FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds")
+TASK_KEYS = ("name", "recipe", "overrides")
+EVAL_KEYS = ("name", "task", "overrides", "arms")
+ARM_KEYS = ("name", "recipe", "init", "budget")
+"""Arm keys besides dotted config keys."""
+RESERVED = ("run.dir", "run.seed")
+"""Config keys the experiment sets for every run."""
+ARCHES = ("decoder", "encoder", "encoder-decoder")
+BudgetKind = Literal["tokens", "flops", "steps"]
+
+
+@dataclass
+class Budget:
+    """What every pretraining arm gets the same of: training tokens (batch × seq_len × grad_accum a step),
+    training FLOPs (`Objective.window_flops` × batch × grad_accum a step) or optimizer steps."""
+
+    kind: BudgetKind
+    value: float
+
+    def amount(self) -> str:
+        """'6.29M tokens', '2.00e+14 FLOPs', '1200 steps'."""
+        from lmforge.experiments.tables import sci, si
+
+        if self.kind == "steps":
+            return f"{int(self.value)} steps"
+        return f"{si(self.value)} tokens" if self.kind == "tokens" else f"{sci(self.value)} FLOPs"
+
+    def describe(self) -> str:
+        return f"equal {'FLOPs' if self.kind == 'flops' else self.kind}, {self.amount()} an arm"
+
+
+@dataclass
+class ArmSpec:
+    """A named arm: dotted config keys, and optionally its own recipe, budget, or the arm it starts from."""
+
+    name: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    recipe: str | dict[str, str] | None = None
+    init: str | None = None
+    """pretrain: an earlier pretraining arm to continue (run.init); finetune: a pretraining arm, a run or checkpoint
+    dir, a preset, or none (random init of model.preset)."""
+    budget: Budget | None = None
+
+
+@dataclass
+class FinetuneTask:
+    name: str
+    recipe: str | dict[str, str]
+    """A finetune recipe, or one per architecture of the arm fine-tuned ({decoder: sst2-gpt, encoder: sst2-bert})."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalSpec:
+    name: str
+    task: str
+    """A recipes/eval name or path."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    arms: list[str] | None = None
+    """The pretraining arms evaluated (None: all)."""
+
+
+@dataclass
+class Experiment:
+    path: Path
+    description: str
+    out: Path
+    seeds: list[int]
+    """Pretraining seeds."""
+    recipe: str
+    """The pretraining arms' default recipe."""
+    overrides: dict[str, Any]
+    """Every pretraining arm's config keys (under each arm's own)."""
+    arms: list[ArmSpec]
+    """Pretraining arms, grid expanded (empty: no pretraining)."""
+    budget: Budget | None
+    finetune_seeds: list[int]
+    finetune_overrides: dict[str, Any]
+    """Every fine-tuning run's config keys (under each task's and each arm's own)."""
+    finetune_cli: dict[str, Any]
+    """--finetune.KEY=V: over each task's keys, under each arm's own."""
+    finetune_arms: list[ArmSpec]
+    """Grid expanded; by default one per pretraining arm (× the grid), fine-tuned from it."""
+    tasks: list[FinetuneTask]
+    evals: list[EvalSpec]
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | None = None) -> Experiment:
+    """Read and validate an experiment file (a path or a bundled name in recipes/experiments/), with command-line
+    overrides: --seeds=0,1 and --budget.KIND=N replace the file's; --finetune.KEY=V goes to every fine-tuning run,
+    --eval.KEY=V to every evaluation, any other --KEY=V to every pretraining arm (under the arm's own keys)."""
+    from lmforge.config import parse_overrides, resolve_recipe
+
+    p = resolve_recipe(str(path), kind="experiments")
+    raw = _with_base(p, set())
+    user = parse_overrides(cli or [])
+    for k in ("seeds", "budget"):
+        if k in user:
+            raw[k] = user.pop(k)
+    if "budget" in raw and cli and any(a.startswith("--budget") for a in cli):
+        _section(raw.get("pretrain"), "pretrain").pop("budget", None)  # the command line's budget is every arm's
+    ft_cli, eval_cli = flatten(_section(user.pop("finetune", {}), "--finetune")), user.pop("eval", {})
+    pt, ft = _section(raw.get("pretrain"), "pretrain"), raw.get("finetune")
+    _check_keys(pt, PRETRAIN_KEYS, "pretrain.")
+    top = raw.get("seeds", [0])
+    seeds = _seeds(pt.get("seeds", top), "pretrain.seeds" if "seeds" in pt else "seeds")
+    overrides = _overrides(pt.get("overrides"), "pretrain.overrides") | flatten(user)
+    if user and not pt:
+        raise LMForgeError(f"--{next(iter(flatten(user)))}: this experiment has no pretraining arms to apply it to")
+    budget = _budget(pt["budget"], "pretrain.budget") if "budget" in pt else _budget(raw.get("budget"), "budget")
+    arms = _arms(pt, "pretrain", default=str(pt.get("recipe", "gpt"))) if pt else []
+    for arm in arms:
+        if isinstance(arm.recipe, dict):
+            raise LMForgeError(f"pretrain.arms: {arm.name}: recipe: expected a pretrain recipe name or path")
+    tasks: list[FinetuneTask] = []
+    ft_arms: list[ArmSpec] = []
+    ft_over: dict[str, Any] = {}
+    ft_seeds = seeds
+    if ft is not None:
+        ft = _section(ft, "finetune")
+        _check_keys(ft, FINETUNE_KEYS, "finetune.")
+        tasks = _tasks(ft.get("tasks"))
+        ft_over = _overrides(ft.get("overrides"), "finetune.overrides")
+        ft_seeds = _seeds(ft.get("seeds", top), "finetune.seeds" if "seeds" in ft else "seeds")
+        ft_arms = _arms(ft, "finetune", default="", base=[ArmSpec(a.name, init=a.name) for a in arms])
+    elif ft_cli:
+        raise LMForgeError("--finetune.*: this experiment has no fine-tuning")
+    evals = _evals(raw.get("eval"), flatten(_section(eval_cli, "--eval")))
+    if not arms and evals:
+        raise LMForgeError(f"{p}: eval: evaluates the pretraining arms, and this experiment has none")
+    orphans = [a.name for a in ft_arms if a.init is None]
+    if orphans:
+        raise LMForgeError(
+            f"{p}: finetune arm '{orphans[0]}' has no init: (a pretraining arm, a run dir, a preset or none)"
+        )
+    return Experiment(
+        p, str(raw.get("description", "")).strip(), Path(out or raw.get("out") or f"runs/experiments/{p.stem}"),
+        seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_cli, ft_arms, tasks,
+        evals,
+    )  # fmt: skip
+
+
+def _with_base(path: Path, seen: set[Path]) -> dict:
+    """The file's mapping deep-merged over the experiment it names as `base:` (a path relative to the file, or a
+    bundled name)."""
+    from lmforge.config import merge_dicts, read_yaml, resolve_recipe
+
+    raw = read_yaml(path)
+    _check_keys(raw, KEYS, "", where=str(path))
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    near = path.parent / str(base)
+    bp = near if near.is_file() else resolve_recipe(str(base), kind="experiments")
+    if bp.resolve() in seen or len(seen) > 8:
+        raise LMForgeError(f"{path}: base: '{base}' includes itself")
+    return merge_dicts(_with_base(bp, seen | {path.resolve()}), raw)
+
+
+def _check_keys(raw: dict, keys: tuple[str, ...], prefix: str, where: str = "") -> None:
+    for k in raw:
+        if k not in keys:
+            hint = get_close_matches(str(k), keys, n=1)
+            tip = f" — did you mean '{prefix}{hint[0]}'?" if hint else f" (expected: {', '.join(keys)})"
+            raise LMForgeError(f"{where + ': ' if where else ''}unknown key '{prefix}{k}'{tip}")
+
+
+def _section(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise LMForgeError(f"{where}: expected a mapping, got {value!r}")
+    return value
+
+
+def _overrides(value: Any, where: str) -> dict[str, Any]:
+    out = flatten(_section(value, where))
+    bad = [k for k in out if k in RESERVED]
+    if bad:
+        raise LMForgeError(f"{where}: {bad[0]} is set by the experiment for each run (seeds: sets run.seed)")
+    return out
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, str) and re.fullmatch(r"\d+(,\d+)*", value.replace(" ", "")):
+        value = [int(x) for x in value.replace(" ", "").split(",")]  # --seeds=0,1,2
+    ok = isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    if not ok or len(set(value)) != len(value):
+        raise LMForgeError(f"{where}: expected a list of distinct integer seeds, got {value!r}")
+    return list(value)
+
+
+def _budget(value: Any, where: str) -> Budget | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("tokens", "flops", "steps"):
+        raise LMForgeError(f"{where}: expected one of {{tokens: N}}, {{flops: N}} or {{steps: N}}, got {value!r}")
+    kind, n = next(iter(value.items()))
+    try:
+        n = float(n)
+    except (TypeError, ValueError):
+        n = -1.0
+    if not n > 0:
+        raise LMForgeError(f"{where}.{kind}: expected a positive number, got {value[kind]!r}")
+    return Budget(kind, n)
+
+
+def _arms(section: dict, stage: str, default: str, base: list[ArmSpec] | None = None) -> list[ArmSpec]:
+    """Named arms (default: `base`, else one) × the grid (every combination of its values), each arm's dotted keys
+    over the grid's."""
+    arms = section.get("arms")
+    if isinstance(arms, dict):  # {name: {keys}}: lets a `base:` file's arm be changed key by key
+        arms = [{"name": k, **(v or {})} if isinstance(v, dict) or v is None else v for k, v in arms.items()]
+    if arms is not None and (not isinstance(arms, list) or not arms):
+        raise LMForgeError(f"{stage}.arms: expected a list of arms ({{name: ..., dotted.key: value, ...}})")
+    specs = [_arm(a, stage) for a in arms] if arms is not None else (base or [ArmSpec("")])
+    grid = _grid(section.get("grid"), f"{stage}.grid")
+    out = []
+    for spec in specs:
+        for point in grid:
+            name = "-".join(x for x in [spec.name, *(_slug(v) for v in point.values())] if x) or default
+            over = point | spec.overrides
+            out.append(ArmSpec(name, over, spec.recipe, spec.init, spec.budget))
+    names = [a.name for a in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise LMForgeError(f"{stage}.arms: two arms are named '{dupes[0]}' (arm names must be unique)")
+    return out
+
+
+def _arm(a: Any, stage: str) -> ArmSpec:
+    if isinstance(a, str):
+        a = {"name": a}
+    if not isinstance(a, dict) or not isinstance(a.get("name", None), str):
+        raise LMForgeError(f"{stage}.arms: each arm is a mapping with a name, got {a!r}")
+    name = a["name"]
+    if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=-]*", name):
+        raise LMForgeError(f"{stage}.arms: arm name '{name}' must be letters, digits, '.', '_', '+', '=' or '-'")
+    plain = {k: v for k, v in a.items() if "." not in str(k)}
+    _check_keys(plain, ARM_KEYS, "", where=f"{stage}.arms: {name or 'arm'}")
+    dotted = _overrides({k: v for k, v in a.items() if "." in str(k)}, f"{stage}.arms: {name}")
+    recipe = a.get("recipe")
+    if recipe is not None and not isinstance(recipe, (str, dict)):
+        raise LMForgeError(f"{stage}.arms: {name}: recipe: expected a recipe name or path, got {recipe!r}")
+    init = a.get("init")
+    budget = _budget(a.get("budget"), f"{stage}.arms: {name}: budget")
+    return ArmSpec(name, dotted, recipe, None if init is None else str(init), budget)
+
+
+def _grid(value: Any, where: str) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, as {dotted key: value} points ([{}]: no grid)."""
+    grid = flatten(_section(value, where))
+    for k, v in grid.items():
+        if k in RESERVED:
+            raise LMForgeError(f"{where}: {k} is set by the experiment for each run (seeds: sets run.seed)")
+        if not isinstance(v, list) or not v:
+            raise LMForgeError(f"{where}.{k}: expected a non-empty list of values, got {v!r}")
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def _slug(value: Any) -> str:
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return re.sub(r"[^A-Za-z0-9._+=-]+", "_", text).strip("_") or "x"
+
+
+def _tasks(value: Any) -> list[FinetuneTask]:
+    if not isinstance(value, list) or not value:
+        raise LMForgeError("finetune.tasks: expected a list of tasks ({name: ..., recipe: ..., overrides: ...})")
+    out = []
+    for t in value:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or "recipe" not in t:
+            raise LMForgeError(f"finetune.tasks: each task is a mapping with a name and a recipe, got {t!r}")
+        _check_keys(t, TASK_KEYS, "", where=f"finetune.tasks: {t['name']}")
+        recipe = t["recipe"]
+        if isinstance(recipe, dict):
+            bad = [k for k in recipe if k not in ARCHES]
+            if bad or not recipe:
+                raise LMForgeError(
+                    f"finetune.tasks: {t['name']}: recipe: a recipe name, or one per architecture "
+                    f"({', '.join(ARCHES)}), got {recipe!r}"
+                )
+        elif not isinstance(recipe, str):
+            raise LMForgeError(f"finetune.tasks: {t['name']}: recipe: expected a recipe name, got {recipe!r}")
+        out.append(FinetuneTask(t["name"], recipe, _overrides(t.get("overrides"), f"finetune.tasks: {t['name']}")))
+    if len({t.name for t in out}) != len(out):
+        raise LMForgeError("finetune.tasks: task names must be unique")
+    return out
+
+
+def _evals(value: Any, cli: dict[str, Any]) -> list[EvalSpec]:
+    if value is None:
+        if cli:
+            raise LMForgeError("--eval.*: this experiment has no evaluations")
+        return []
+    if not isinstance(value, list):
+        raise LMForgeError("eval: expected a list of evaluations ({name: ..., task: ..., overrides: ..., arms: ...})")
+    out = []
+    for e in value:
+        if isinstance(e, str):
+            e = {"name": e, "task": e}
+        if not isinstance(e, dict) or not isinstance(e.get("task"), str):
+            raise LMForgeError(f"eval: each evaluation is a mapping with a task (a recipes/eval name), got {e!r}")
+        _check_keys(e, EVAL_KEYS, "", where=f"eval: {e['task']}")
+        arms = e.get("arms")
+        if arms is not None and (not isinstance(arms, list) or not all(isinstance(a, str) for a in arms)):
+            raise LMForgeError(f"eval: {e['task']}: arms: expected a list of pretraining arm names, got {arms!r}")
+        over = _overrides(e.get("overrides"), f"eval: {e['task']}") | cli
+        out.append(EvalSpec(str(e.get("name", e["task"])), e["task"], over, arms))
+    if len({e.name for e in out}) != len(out):
+        raise LMForgeError("eval: evaluation names must be unique (give each a name:)")
+    return out

@@ -1,0 +1,302 @@
+"""`lmforge experiment`: experiment files (bundled ones included), budgets (equal tokens, equal FLOPs per objective),
+grids, seeds across stages, run selection, the runner's dependencies between runs, the results table, and bad
+files as one-line errors. The end-to-end runs are in test_experiment_cli.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from lm_objective_testing import tokenizer
+
+from lmforge.config import RECIPES_DIR
+from lmforge.errors import LMForgeError
+from lmforge.experiments.experiment import select
+from lmforge.experiments.plan import plan_experiment
+from lmforge.experiments.results import build_rows, fmt, render, summary_json
+from lmforge.experiments.runner import Arm, ArmResult, arm_command, arm_final, run_arms
+from lmforge.experiments.spec import load_experiment
+from lmforge.objectives import OBJECTIVES
+
+BUNDLED = sorted(p.stem for p in (RECIPES_DIR / "experiments").glob("*.yaml"))
+TINY = {"pretrain": {"recipe": "gpt", "overrides": {"model.preset": "gpt-tiny", "train.batch_size": 4,
+                                                    "train.seq_len": 32, "train.warmup_steps": 1}}}  # fmt: skip
+
+
+def write(tmp_path: Path, data: dict, name: str = "exp.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), **data}, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def gpu_inputs(tmp_path, monkeypatch):
+    """The working dir the GPU studies expect: .cache/gpu/tok (a small BART-family BPE stands in for theirs)."""
+    tokenizer("bart").save(tmp_path / ".cache" / "gpu" / "tok")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_every_bundled_experiment_plans(name, gpu_inputs):
+    exp = load_experiment(name)
+    plan = plan_experiment(exp, make_data=False)
+    kinds = {a.kind for a in plan.arms}
+    assert "pretrain" in kinds and "finetune" in kinds, name
+    assert exp.description and exp.out.parts[:2] == ("runs", "experiments")
+    for arm in plan.arms:  # every run a later stage needs is planned before it
+        assert all(plan.arms.index(next(a for a in plan.arms if a.name == n)) < plan.arms.index(arm) for n in arm.after)
+
+
+def test_bundled_tiny_variants_inherit_and_shrink():
+    gpu, tiny = load_experiment("t5-architectures"), load_experiment("t5-architectures-tiny")
+    assert tiny.description == gpu.description and tiny.tasks == gpu.tasks  # from base:
+    half = next(a for a in tiny.arms if a.name == "enc-dec-half")  # one key of a base arm changed, the rest kept
+    assert half.overrides == {"objective.style": "span", "model.n_layers": 1, "model.n_decoder_layers": 1}
+    assert [a.name for a in tiny.arms] == [a.name for a in gpu.arms]
+    assert tiny.overrides["model.preset"] == "t5-tiny" and gpu.overrides["model.preset"] == "t5-small"
+
+
+def test_equal_flops_budget_gives_each_objective_its_steps():
+    exp = load_experiment("t5-architectures-tiny")
+    pre = {a.info["arm"]: a for a in plan_experiment(exp, make_data=False).arms if a.kind == "pretrain"}
+    budget = exp.budget.value
+    for arm in pre.values():
+        per_step = arm.info["flops_per_step"]
+        assert abs(arm.max_steps * per_step - budget) <= per_step / 2  # the nearest whole number of steps
+        assert arm.info["flops"] == arm.max_steps * per_step
+    assert pre["encoder-decoder"].info["objective"] == "t5" and pre["language-model"].info["objective"] == "causal_lm"
+    # Half the layers: about twice the steps; the decoder-only LM reads the whole window through every layer.
+    assert 1.6 < pre["enc-dec-half"].max_steps / pre["encoder-decoder"].max_steps < 2.0
+    assert pre["language-model"].max_steps < pre["encoder-decoder"].max_steps
+    from lmforge.experiments.runner import resolve_config
+
+    a = pre["encoder-decoder"]
+    cfg = resolve_config(a.recipe, a.overrides)
+    assert a.info["flops_per_step"] == OBJECTIVES.get("t5").window_flops(cfg) * cfg.train.batch_size
+
+
+def test_equal_tokens_budget_and_electra_counts_its_generator():
+    pre = [a for a in plan_experiment(load_experiment("roberta-masking-tiny"), False).arms if a.kind == "pretrain"]
+    assert {a.max_steps for a in pre} == {60} and {a.info["tokens"] for a in pre} == {30720}
+    assert [a.overrides["objective.static"] for a in pre] == [True, True, False, False]
+    assert [a.overrides["run.seed"] for a in pre] == [0, 1, 0, 1]
+    plan = plan_experiment(load_experiment("electra-vs-mlm-tiny"), False)
+    electra = {a.info["arm"]: a for a in plan.arms if a.kind == "pretrain"}
+    assert electra["electra"].max_steps < electra["mlm"].max_steps  # the generator's FLOPs count
+
+
+def test_grid_names_and_arm_keys_over_the_grid(tmp_path):
+    data = {**TINY, "budget": {"steps": 5}}
+    data["pretrain"] = {**data["pretrain"], "grid": {"train.lr": [0.001, 0.002], "model.position": ["learned", "rope"]},
+                        "arms": [{"name": "a"}, {"name": "b", "train.lr": 0.01}]}  # fmt: skip
+    exp = load_experiment(write(tmp_path, data))
+    names = [a.name for a in exp.arms]
+    assert names == [f"{x}-{lr}-{pos}" for x in "ab" for lr in (0.001, 0.002) for pos in ("learned", "rope")]
+    assert exp.arms[0].overrides == {"train.lr": 0.001, "model.position": "learned"}
+    assert exp.arms[5].overrides["train.lr"] == 0.01  # the arm's own key wins over the grid's
+    plan = plan_experiment(exp, make_data=False)
+    assert [a.max_steps for a in plan.arms] == [5] * 8
+    assert "--model.position=rope" in arm_command(plan.arms[1]) and "--train.max_steps=5" in arm_command(plan.arms[1])
+
+
+def test_later_stages_pair_seeds_with_pretraining(tmp_path):
+    data = {**TINY, "seeds": [0, 1, 2], "finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}]}}
+    data["pretrain"] = {**data["pretrain"], "seeds": [0], "arms": ["x"]}
+    data["eval"] = [{"name": "zs", "task": "sentiment-zeroshot"}]
+    plan = plan_experiment(load_experiment(write(tmp_path, data)), make_data=False)
+    ft = [a for a in plan.arms if a.kind == "finetune"]
+    assert [a.name for a in ft] == [f"finetune/s/x-s{s}" for s in (0, 1, 2)]
+    assert {tuple(a.after) for a in ft} == {("pretrain/x-s0",)}  # one pretrained model, three fine-tuning seeds
+    assert [a.overrides["run.seed"] for a in ft] == [0, 1, 2]
+    assert ft[0].init == str(tmp_path / "out" / "pretrain" / "x-s0")
+    ev = [a for a in plan.arms if a.kind == "eval"]
+    assert [a.name for a in ev] == ["eval/zs/x-s0"] and ev[0].tasks == ["sentiment-zeroshot"]
+    cmd = arm_command(ev[0])
+    assert cmd[3:7] == ["eval", ev[0].init, "--task", "sentiment-zeroshot"] and cmd[-2:] == ["--out", cmd[-1]]
+    data["pretrain"]["seeds"] = [0, 1]
+    with pytest.raises(LMForgeError, match=r"arm 'x' was pretrained with seeds \[0, 1\], not 2"):
+        plan_experiment(load_experiment(write(tmp_path, data)), make_data=False)
+
+
+def test_finetune_arms_random_init_and_recipe_per_architecture(tmp_path):
+    data = {**TINY, "pretrain": {**TINY["pretrain"], "arms": ["gpt"]}}
+    data["finetune"] = {
+        "tasks": [{"name": "s", "recipe": {"decoder": "sst2-gpt", "encoder": "sst2-bert"}}],
+        "arms": {"pre": {"init": "gpt"}, "scratch": {"init": "none", "model.preset": "bert-tiny"}},
+    }
+    arms = {a.info["arm"]: a for a in plan_experiment(load_experiment(write(tmp_path, data)), False).arms}
+    assert arms["pre"].recipe == "sst2-gpt" and arms["scratch"].recipe == "sst2-bert"
+    assert arms["scratch"].init == "none" and arms["scratch"].after == []
+    assert arm_command(arms["scratch"])[3:7] == ["finetune", "sst2-bert", "--init", "none"]
+    data["finetune"]["arms"]["scratch"]["model.preset"] = "t5-tiny"
+    with pytest.raises(LMForgeError, match="task s has no recipe for the arm's architecture 'encoder-decoder'"):
+        plan_experiment(load_experiment(write(tmp_path, data)), make_data=False)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seedz": [0]}, "unknown key 'seedz' — did you mean 'seeds'?"),
+        ({"budget": {"tokens": -5}}, "budget.tokens: expected a positive number, got -5"),
+        ({"budget": {"epochs": 3}}, "budget: expected one of {tokens: N}, {flops: N} or {steps: N}"),
+        ({"seeds": [0, 0]}, "seeds: expected a list of distinct integer seeds"),
+        ({"pretrain": {**TINY["pretrain"], "arms": [{"name": "a", "run.seed": 3}]}},
+         "pretrain.arms: a: run.seed is set by the experiment for each run"),
+        ({"pretrain": {**TINY["pretrain"], "arms": ["a", "a"]}}, "two arms are named 'a'"),
+        ({"pretrain": {**TINY["pretrain"], "arms": [{"name": "a", "inti": "b"}]}},
+         "pretrain.arms: a: unknown key 'inti' — did you mean 'init'?"),
+        ({"pretrain": {**TINY["pretrain"], "arms": [{"name": "a/b"}]}}, "arm name 'a/b' must be letters"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": {"decoders": "sst2-gpt"}}]}},
+         "recipe: a recipe name, or one per architecture"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "arms": [{"name": "x"}]}},
+         "finetune arm 'x' has no init:"),
+    ],
+)  # fmt: skip
+def test_bad_experiment_files_are_one_line_errors(tmp_path, change, message):
+    with pytest.raises(LMForgeError) as e:
+        load_experiment(write(tmp_path, {**TINY, **change}))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"pretrain": {**TINY["pretrain"], "arms": [{"name": "a", "train.lrr": 1}]}},
+         "pretraining arm a: unknown config key 'train.lrr' — did you mean 'train.lr'?"),
+        ({"pretrain": {**TINY["pretrain"], "arms": [{"name": "a", "init": "b"}]}},
+         "pretraining arm a: init: 'b' is not a pretraining arm"),
+        ({"budget": {"steps": 1}}, "pretraining arm gpt: 1 steps, not more than train.warmup_steps=1"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt", "overrides": {"task.lm_cof": 0}}]}},
+         "fine-tuning arm gpt (s): unknown config key 'task.lm_cof'"),
+        ({"eval": [{"name": "e", "task": "sentiment-zeroshot", "arms": ["nope"]}]},
+         "eval: e: arms: 'nope' is not a pretraining arm"),
+    ],
+)  # fmt: skip
+def test_bad_runs_fail_before_anything_runs(tmp_path, change, message):
+    with pytest.raises(LMForgeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_experiment(load_experiment(write(tmp_path, {**TINY, **change})), make_data=False)
+
+
+def test_command_line_overrides_reach_their_stage(tmp_path):
+    task = {"name": "s", "recipe": "sst2-gpt", "overrides": {"train.epochs": 5, "data.max_train": 100}}
+    data = {
+        **TINY,
+        "finetune": {"tasks": [task], "arms": {"a": {"init": "gpt"}, "b": {"init": "gpt", "train.epochs": 7}}},
+    }
+    data["pretrain"] = {**data["pretrain"], "budget": {"steps": 9}, "arms": {"gpt": {"train.lr": 0.5}}}
+    cli = ["--train.lr=0.01", "--train.batch_size=2", "--finetune.train.epochs=1", "--seeds=3,4", "--budget.steps=4"]
+    exp = load_experiment(write(tmp_path, data), cli)
+    assert exp.overrides["train.batch_size"] == 2 and exp.finetune_cli == {"train.epochs": 1}
+    assert exp.seeds == exp.finetune_seeds == [3, 4] and (exp.budget.kind, exp.budget.value) == ("steps", 4.0)
+    plan = plan_experiment(exp, make_data=False)
+    pre = plan.arms[0]
+    assert pre.max_steps == 4 and pre.overrides["train.lr"] == 0.5  # the arm's own key wins over the command line
+    ft = {a.info["arm"]: a.overrides for a in plan.arms if a.kind == "finetune" and a.info["seed"] == 3}
+    assert ft["a"]["train.epochs"] == 1 and ft["a"]["data.max_train"] == 100 and ft["b"]["train.epochs"] == 7
+    with pytest.raises(LMForgeError, match="--eval.\\*: this experiment has no evaluations"):
+        load_experiment(write(tmp_path, data), ["--eval.data.max_eval=3"])
+
+
+def test_cli_bad_file_is_one_line(tmp_path):
+    path = write(tmp_path, {**TINY, "budgett": {"steps": 3}})
+    r = subprocess.run([sys.executable, "-m", "lmforge.cli", "experiment", str(path)], capture_output=True, text=True)
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr == f"error: {path}: unknown key 'budgett' — did you mean 'budget'?\n"
+
+
+def test_only_selects_runs_and_what_they_need(tmp_path):
+    data = {**TINY, "seeds": [0, 1], "finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}]}}
+    data["pretrain"] = {**data["pretrain"], "arms": ["a", {"name": "b", "init": "a"}]}
+    plan = plan_experiment(load_experiment(write(tmp_path, data)), make_data=False)
+    names = [a.name for a in select(plan, ["finetune/s/b-s1"])]
+    assert names == ["pretrain/a-s1", "pretrain/b-s1", "finetune/s/b-s1"]  # b continues a: both are needed
+    assert len(select(plan, None)) == len(plan.arms) == 8
+    with pytest.raises(LMForgeError, match="--only x: no run matches"):
+        select(plan, ["x"])
+
+
+def test_runner_waits_for_and_skips_after_failed_runs(tmp_path):
+    bad = Arm("a", tmp_path / "a", str(tmp_path / "missing.yaml"), {}, 5)
+    child = Arm("b", tmp_path / "b", "sst2-gpt", {}, None, kind="finetune", init=str(bad.run_dir), after=["a"])
+    grandchild = Arm("c", tmp_path / "c", "sentiment-zeroshot", {}, None, kind="eval", init="x", after=["b"])
+    done = Arm("d", tmp_path / "d", "sentiment-zeroshot", {}, None, kind="eval", init="x", tasks=["t"])
+    done.run_dir.mkdir()
+    (done.run_dir / "results.json").write_text('{"sentiment": {"accuracy": 0.5}}')
+    results = run_arms([bad, child, grandchild, done], jobs=2, poll_s=0.1)
+    assert [r.state for r in results] == ["failed", "failed", "failed", "skipped"]
+    assert results[1].error == "not run: a failed" and results[2].error == "not run: b failed"
+    assert not child.run_dir.exists() and not grandchild.run_dir.exists()  # never launched
+    with pytest.raises(LMForgeError, match="waits for arms that never run"):
+        run_arms([Arm("x", tmp_path / "x", "gpt", {}, 5, after=["y"]), Arm("y", tmp_path / "y", "gpt", {}, 5,
+                                                                             after=["x"])])  # fmt: skip
+
+
+def test_finished_finetune_and_eval_runs_are_read_back(tmp_path):
+    ft = Arm("f", tmp_path / "f", "sst2-gpt", {"train.lr": 0.001}, None, kind="finetune", init="runs/p")
+    assert arm_final(ft) is None and arm_command(ft)[-1] == "--train.lr=0.001"
+    ft.run_dir.mkdir()
+    (ft.run_dir / "eval.json").write_text('{"accuracy": 0.75}')
+    assert arm_final(ft) == {"dev": {"accuracy": 0.75}, "test": None}
+    (ft.run_dir / "eval_test.json").write_text('{"accuracy": 0.7}')
+    assert arm_final(ft)["test"] == {"accuracy": 0.7}
+    (ft.run_dir / "checkpoints" / "step_3").mkdir(parents=True)
+    assert arm_command(ft)[-1] == "--resume"
+    ev = Arm("e", tmp_path / "e", "t", {}, None, kind="eval", init="runs/p", tasks=["t"])
+    ev.run_dir.mkdir()
+    (ev.run_dir / "results.json").write_text('{"sentiment": {"acc')  # a half-written file is not a result
+    assert arm_final(ev) is None
+
+
+def _result(kind, name, info, final, after=()):
+    return ArmResult(Arm(name, Path("/r") / name, "x", {}, 5, info, kind, after=list(after)), "finished", final)
+
+
+def test_table_rows_mean_and_std_over_seeds(tmp_path):
+    pre = {"stage": "pretrain", "arm": "gpt", "seed": 0, "params": 1_000_000, "steps": 10, "tokens": 5120,
+           "flops": 1e12, "tokens_per_step": 512, "flops_per_step": 1e11}  # fmt: skip
+    results = [_result("pretrain", "pretrain/gpt-s0", pre, {"step": 10, "val_loss": 3.5})]
+    results.append(_result("eval", "eval/zs/gpt-s0", {"eval": "zs", "arm": "gpt", "seed": 0,
+                                                       "pretrain_run": "pretrain/gpt-s0"},
+                           {"sentiment": {"accuracy": 0.6}}))  # fmt: skip
+    for arm, init, accs in (("pretrained", "gpt", (0.8, 0.7)), ("random-init", None, (0.5, 0.6))):
+        for seed, acc in enumerate(accs):
+            info = {"stage": "finetune", "task": "s", "arm": arm, "seed": seed, "init": init or "none",
+                    "init_arm": init, "pretrain_run": "pretrain/gpt-s0" if init else None}  # fmt: skip
+            results.append(_result("finetune", f"finetune/s/{arm}-s{seed}", info,
+                                   {"dev": {"accuracy": acc}, "test": {"accuracy": acc - 0.1}}))  # fmt: skip
+    rows, columns = build_rows(results)
+    assert columns == ["val loss", "zs accuracy", "s dev accuracy", "s test accuracy"]
+    assert [(r.name, r.init, r.seeds) for r in rows] == [("pretrained", "gpt", 2), ("random-init", "none", 2)]
+    assert rows[0].cells["val loss"] == [3.5] and rows[0].cells["zs accuracy"] == [60.0]
+    assert rows[0].cells["s dev accuracy"] == pytest.approx([80.0, 70.0]) and "val loss" not in rows[1].cells
+    assert fmt(rows[0].cells["s dev accuracy"], 1) == "75.0 ± 7.1" and fmt([3.5], 4) == "3.5000"
+    from lmforge.experiments.spec import Experiment
+
+    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, {}, [], [], [])
+    table = render(exp, results, "equal steps")
+    assert "| pretrained | gpt | 2 | 1M | 10 | 5.12k | 1.00e+12 | 3.5000 | 60.0 | 75.0 ± 7.1 | 65.0 ± 7.1 |" in table
+    assert "| random-init | none | 2 | – | – | – | – | – | – | 55.0 ± 7.1 | 45.0 ± 7.1 |" in table
+    data = summary_json(exp, results, "equal steps")
+    assert data["rows"][1]["values"]["s dev accuracy"]["values"] == pytest.approx([50.0, 60.0])
+    json.dumps(data)  # plain JSON
+
+
+def test_pretraining_only_table(tmp_path):
+    from lmforge.experiments.spec import Experiment
+
+    results = []
+    for arm, losses in (("causal", (3.4, 3.6)), ("prefix", (3.0, 3.1))):
+        for seed, loss in enumerate(losses):
+            info = {"stage": "pretrain", "arm": arm, "seed": seed, "params": 2000, "steps": 8, "tokens": 4096,
+                    "flops": 3e9, "tokens_per_step": 512, "flops_per_step": 3.75e8}  # fmt: skip
+            results.append(_result("pretrain", f"pretrain/{arm}-s{seed}", info, {"step": 8, "val_loss": loss}))
+    results[-1].state, results[-1].final = "failed", None
+    exp = Experiment(tmp_path / "p.yaml", "", tmp_path, [0, 1], "gpt", {}, [], None, [0, 1], {}, {}, [], [], [])
+    table = render(exp, results, "equal steps, 8 steps an arm")
+    assert "| arm | seeds | params | steps | tokens | FLOPs | val loss |" in table  # no init column
+    assert "| causal | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.5000 ± 0.1414 |" in table
+    assert "| prefix | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.0000 |" in table  # the failed seed is left out ...
+    assert "**Failed, so missing from the table:** pretrain/prefix-s1 (their arm.log" in table  # ... and named

@@ -1,0 +1,111 @@
+"""`lmforge experiment` end to end on CPU: the bundled roberta-masking-tiny (2 arms × 2 seeds, pretrained a few
+steps on a small corpus, each fine-tuned on sentiment) writes its table and plots, skips every finished run when
+rerun, and resumes a killed pretraining run exactly; gpt1-pretraining-tiny adds a random-init arm on the shared
+tokenizer and a zero-shot evaluation."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from training_testing import write_docs
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(*args, cwd):
+    cmd = [sys.executable, "-m", "lmforge.cli", "experiment", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory) -> Path:
+    return write_docs(tmp_path_factory.mktemp("corpus") / "docs.jsonl", 12)
+
+
+SMALL = [  # 10 steps of 8 × 64 tokens, a checkpoint every 5 (both kept); 64 fine-tuning examples
+    "--budget.tokens=5120", "--train.warmup_steps=2", "--train.eval_every=5", "--train.save_every=5",
+    "--train.keep_last=2", "--finetune.data.max_train=64", "--finetune.data.max_eval=32",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs):
+    out = tmp_path / "exp"
+    args = ["roberta-masking-tiny", "--out", str(out), f"--data.inputs=[{docs}]", *SMALL]
+    dry = run_cli(*args, "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "| pretrain/dynamic-s1 | pretrain | – | 10 | 5.12k |" in dry.stdout and not out.exists()
+
+    r = run_cli(*args, "--jobs", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = (out / "roberta-masking-tiny.md").read_text()
+    assert "| arm | seeds | params | steps | tokens | FLOPs | epochs | val loss | sentiment dev accuracy |" in table
+    data = json.loads((out / "roberta-masking-tiny.json").read_text())
+    assert [row["arm"] for row in data["rows"]] == ["static", "dynamic"]
+    runs = {x["name"]: x for x in data["runs"]}
+    assert len(runs) == 8 and {x["state"] for x in runs.values()} == {"finished"}
+    for row in data["rows"]:
+        losses = [metrics(out / "pretrain" / f"{row['arm']}-s{s}")[-1]["val_loss"] for s in (0, 1)]
+        assert row["values"]["val loss"]["values"] == losses  # the table's numbers are the runs' own
+        assert row["values"]["val loss"]["n"] == 2 and row["values"]["sentiment dev accuracy"]["n"] == 2
+        dev = [json.loads((out / "finetune" / "sentiment" / f"{row['arm']}-s{s}" / "eval.json").read_text())
+               for s in (0, 1)]  # fmt: skip
+        assert row["values"]["sentiment dev accuracy"]["values"] == [100 * d["accuracy"] for d in dev]
+        assert f"| {row['arm']} | 2 |" in table
+    static = yaml_of(out / "pretrain" / "static-s1")
+    assert static["objective"]["static"] is True and static["run"]["seed"] == 1 and static["train"]["max_steps"] == 10
+    assert yaml_of(out / "finetune" / "sentiment" / "static-s1")["model"]["init"] == str(out / "pretrain" / "static-s1")
+    for plot in ("loss", "metrics"):
+        assert (out / "plots" / f"roberta-masking-tiny-{plot}.png").read_bytes()[:8] == PNG
+
+    # Rerun: every run is skipped, nothing is rewritten.
+    logs = {name: Path(x["run_dir"]) / "metrics.jsonl" for name, x in runs.items()}
+    mtimes = {k: v.stat().st_mtime_ns for k, v in logs.items()}
+    r = run_cli(*args, cwd=tmp_path)
+    assert r.returncode == 0 and "8 of 8 arms already finished: skipped" in r.stderr
+    assert {k: v.stat().st_mtime_ns for k, v in logs.items()} == mtimes
+
+    # A pretraining run killed after its step-5 checkpoint (before its fine-tuning ran) resumes from it.
+    killed = out / "pretrain" / "dynamic-s1"
+    before = metrics(killed)[-1]["val_loss"]
+    logs["pretrain/dynamic-s1"].write_text("".join(json.dumps(m) + "\n" for m in metrics(killed) if m["step"] <= 5))
+    shutil.rmtree(killed / "checkpoints" / "step_10")
+    shutil.rmtree(out / "finetune" / "sentiment" / "dynamic-s1")
+    r = run_cli(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "6 of 8 arms already finished: skipped" in r.stderr and "resuming pretrain/dynamic-s1" in r.stderr
+    assert "resumed from" in (killed / "arm.log").read_text()
+    assert metrics(killed)[-1]["val_loss"] == pytest.approx(before, rel=1e-4)  # exact resume
+    assert (out / "finetune" / "sentiment" / "dynamic-s1" / "eval.json").is_file()
+
+
+def yaml_of(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+@pytest.mark.slow
+def test_random_init_arm_and_zero_shot_evaluation(tmp_path, docs):
+    out = tmp_path / "exp"
+    r = run_cli("gpt1-pretraining-tiny", "--out", str(out), f"--data.inputs=[{docs}]", "--seeds=0", *SMALL,
+                "--eval.data.max_eval=32", "--jobs", "2", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((out / "gpt1-pretraining-tiny.json").read_text())
+    rows = {row["arm"]: row for row in data["rows"]}
+    assert list(rows) == ["pretrained", "pretrained-no-aux-lm", "random-init"]
+    assert rows["pretrained"]["init"] == "gpt" and rows["random-init"]["init"] == "none"
+    zero_shot = json.loads((out / "eval" / "zero-shot" / "gpt-s0" / "results.json").read_text())
+    assert rows["pretrained"]["values"]["zero-shot accuracy"]["values"] == [100 * zero_shot["sentiment"]["accuracy"]]
+    assert "zero-shot accuracy" not in rows["random-init"]["values"] and "val loss" not in rows["random-init"]["values"]
+    shared = next((out / "shared").iterdir()) / "tokenizer"
+    scratch = yaml_of(out / "finetune" / "sentiment" / "random-init-s0")["model"]
+    assert scratch["init"] == "none" and scratch["tokenizer"] == str(shared)  # the pretrained arm's vocabulary
+    assert yaml_of(out / "finetune" / "sentiment" / "pretrained-no-aux-lm-s0")["task"]["lm_coef"] == 0
