@@ -131,7 +131,7 @@ def nanogpt_run(a, work: Path, steps: int = 1200) -> dict:
                             stderr=subprocess.STDOUT).returncode  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"nanoGPT train.py failed (exit {rc}); see {work / 'nanogpt.log'}")
-    return {"wall_s": time.perf_counter() - t0, "ckpt": str(wd / "out" / "ckpt.pt"), "steps": steps}
+    return {"wall_s": time.perf_counter() - t0, "ckpt": str(wd / "out" / "ckpt.pt"), "args": args}
 
 
 @torch.no_grad()
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                      "torch": torch.__version__, "models": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="lmforge-e2e-") as tmp:
-        work = a.work or Path(tmp)
+        work = (a.work or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
         for name in a.models:
             row = cli_throughput(name, a, work) | step_throughput(name, a)

@@ -75,44 +75,56 @@ def muon_params(model: nn.Module) -> list[nn.Parameter]:
 class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton–Schulz (Jordan et al. 2024): Nesterov momentum, then the update's
     nearest semi-orthogonal matrix by 5 quintic Newton–Schulz iterations in bf16, scaled by sqrt(max(1, rows /
-    cols)); decoupled weight decay. Skips its step where `found_inf` (a 0-d device tensor) is non-zero."""
+    cols)); decoupled weight decay. Matrices of one shape are orthogonalised together (batched matmuls), and the
+    step is skipped, on the device, where `found_inf` (a 0-d tensor) is non-zero."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0) -> None:
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
 
     @staticmethod
     def orthogonalize(g: Tensor, steps: int = 5) -> Tensor:
+        """(..., m, n) → the nearest semi-orthogonal matrices (approximately), batched over leading dims."""
         a, b, c = 3.4445, -4.7750, 2.0315  # coefficients maximising the slope at zero
         x = g.bfloat16()
-        tall = x.size(0) > x.size(1)
+        tall = x.size(-2) > x.size(-1)
         if tall:
-            x = x.T
-        x = x / (x.norm() + 1e-7)
+            x = x.mT
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
         for _ in range(steps):
-            s = x @ x.T
+            s = x @ x.mT
             x = a * x + (b * s + c * s @ s) @ x
-        return (x.T if tall else x).to(g.dtype)
+        return (x.mT if tall else x).to(g.dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
         skip = getattr(self, "found_inf", None)
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-                mu = group["momentum"]
-                new_buf = torch.lerp(buf, p.grad, 1 - mu)
-                g = torch.lerp(p.grad, new_buf, mu)  # Nesterov
-                update = self.orthogonalize(g) * max(1.0, p.size(0) / p.size(1)) ** 0.5
-                decayed = p * (1 - group["lr"] * group["weight_decay"]) - group["lr"] * update
-                if skip is None:
-                    buf.copy_(new_buf)
-                    p.copy_(decayed)
-                else:
-                    keep = skip.to(torch.bool)
-                    buf.copy_(torch.where(keep, buf, new_buf))
-                    p.copy_(torch.where(keep, p, decayed))
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+            grads = [p.grad for p in params]
+            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+            new_bufs = torch._foreach_lerp(bufs, grads, 1 - mu)
+            nesterov = torch._foreach_lerp(grads, new_bufs, mu)
+            updates: list[Tensor] = [nesterov[0]] * len(params)
+            by_shape: dict[tuple, list[int]] = {}
+            for i, g in enumerate(nesterov):
+                by_shape.setdefault(tuple(g.shape), []).append(i)
+            for (rows, cols), idx in by_shape.items():
+                ortho = self.orthogonalize(torch.stack([nesterov[i] for i in idx])) * max(1.0, rows / cols) ** 0.5
+                for j, i in enumerate(idx):
+                    updates[i] = ortho[j]
+            stepped = torch._foreach_mul(params, 1 - lr * wd)
+            torch._foreach_add_(stepped, updates, alpha=-lr)
+            if skip is None:
+                torch._foreach_copy_(bufs, new_bufs)
+                torch._foreach_copy_(params, stepped)
+                continue
+            keep = skip.to(torch.bool)
+            for p, b, nb, new in zip(params, bufs, new_bufs, stepped):
+                b.copy_(torch.where(keep, b, nb))
+                p.copy_(torch.where(keep, p, new))
 
 
 class Optimizers:
