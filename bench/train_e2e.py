@@ -33,6 +33,8 @@ sys.path.append(str(_HERE.parent / "src"))
 
 from model_table import BENCH_MODELS, require_available  # noqa: E402
 
+from lmforge.models import get_preset  # noqa: E402
+
 # Each bench model → the recipe the CLI trains it with (the objective bench/run.py's loss stands for).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RECIPES = {"gpt2": ("gpt", "gpt2-124m"), "bert": ("bert", "bert-base"), "roberta": ("roberta", "roberta-base"),
@@ -52,18 +54,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-to-loss", action="store_true", help="gpt-fast vs nanoGPT's 1,200-step loss")
     p.add_argument("--fast-steps", type=int, default=1200, help="gpt-fast's step limit in --time-to-loss")
     p.add_argument("--nanogpt-args", type=shlex.split, default=[], help="extra train.py overrides, one string")
-    p.add_argument("--fast-args", type=shlex.split, default=[], help="extra gpt-fast overrides, one string")
+    p.add_argument("--fast-args", type=shlex.split, action="append", help="gpt-fast overrides, one string; "
+                   "repeat to time several variants (e.g. '--train.compile_scope=blocks')")  # fmt: skip
+    p.add_argument("--ablation", action="store_true", help="gpt-fast with each change undone, at equal steps")
+    p.add_argument("--ablation-steps", type=int, default=400, help="steps of each ablation arm")
     p.add_argument("--val-batches", type=int, default=20, help="validation windows (of 16) both models are scored on")
     p.add_argument("--out", type=Path, help="results JSON (default: $OUT/train_e2e.json or bench/results/)")
     p.add_argument("--work", type=Path, help="keep the runs and logs here (default: a temporary dir)")
     return p.parse_args(argv)
 
 
-def _cli(args: list[str], log: Path) -> float:
+def _cold_cache(log: Path) -> dict[str, str]:
+    """The environment of a process timed from a cold start: a compilation cache of its own, empty."""
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(log.with_suffix(".inductor"))}
+
+
+def _cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> float:
     """Run `lmforge ...` in a subprocess (its output to `log`); wall seconds."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"lmforge {' '.join(args[:2])} failed (exit {rc}); see {log}")
     return time.perf_counter() - t0
@@ -84,6 +95,8 @@ def cli_throughput(name: str, a, work: Path) -> dict:
             f"--model.max_seq_len={max(seq, 128)}", "--train.log_every=10", f"--train.eval_every={a.steps}",
             f"--train.save_every={a.steps}", "--train.eval_batches=2", "--sample.prompts=[]",
             f"--run.dir={run}", "--train.compile" if a.compile == "on" else "--train.compile=false"]  # fmt: skip
+    if spec is not None:  # the step bench's vocabulary (it may exceed the tokenizer's), so both time one model
+        over.append(f"--model.vocab_size={get_preset(spec.preset).vocab_size}")
     if name == "t5":
         over.append("--objective.style=span")
     wall = _cli(["pretrain", recipe, *over], work / f"cli-{name}.log")
@@ -128,7 +141,7 @@ def nanogpt_run(a, work: Path, steps: int = 1200) -> dict:
     t0 = time.perf_counter()
     with open(work / "nanogpt.log", "w") as f:
         rc = subprocess.run([sys.executable, str(a.nanogpt.resolve() / "train.py"), *args], cwd=wd, stdout=f,
-                            stderr=subprocess.STDOUT).returncode  # fmt: skip
+                            stderr=subprocess.STDOUT, env=_cold_cache(work / "nanogpt.log")).returncode  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"nanoGPT train.py failed (exit {rc}); see {work / 'nanogpt.log'}")
     return {"wall_s": time.perf_counter() - t0, "ckpt": str(wd / "out" / "ckpt.pt"), "args": args}
@@ -173,19 +186,57 @@ def time_to_loss(a, work: Path) -> dict:
     from lmforge.data import TokenLoader
 
     seq = a.seq or 1024
-    windows = list(TokenLoader(a.data, "val", seq_len=seq, batch_size=16).eval_batches(a.val_batches))
+    a.windows = list(TokenLoader(a.data, "val", seq_len=seq, batch_size=16).eval_batches(a.val_batches))
     nano = nanogpt_run(a, work)
-    nano["val_loss"] = nanogpt_val_loss(a, Path(nano["ckpt"]), windows)
-    run = work / "gpt-fast"
+    nano["val_loss"] = nanogpt_val_loss(a, Path(nano["ckpt"]), a.windows)
+    fast = [gpt_fast_run(a, work, i, args, nano) for i, args in enumerate(a.fast_args or [[]])]
+    return {"nanogpt": nano, "gpt_fast": fast}
+
+
+def gpt_fast_run(a, work: Path, i: int, args: list[str], nano: dict) -> dict:
+    """One gpt-fast variant until it reaches nanoGPT's validation loss, timed from a cold start."""
+    run = work / f"gpt-fast-{i}"
     over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
             f"--train.target_loss={nano['val_loss']:.4f}", f"--train.max_steps={a.fast_steps}",
-            "--sample.prompts=[]", "--train.compile", *a.fast_args]  # fmt: skip
-    wall = _cli(["pretrain", "gpt-fast", *over], work / "gpt-fast.log")
+            "--sample.prompts=[]", "--train.compile", *args]  # fmt: skip
+    log = work / f"gpt-fast-{i}.log"
+    wall = _cli(["pretrain", "gpt-fast", *over], log, env=_cold_cache(log))
     evals = [r for r in _rows(run) if "val_loss" in r]
-    fast = {"wall_s": wall, "steps": evals[-1]["step"], "val_loss_own_eval": evals[-1]["val_loss"],
-            "val_loss": lmforge_val_loss(run, windows)}  # fmt: skip
-    return {"nanogpt": nano, "gpt_fast": fast, "time_ratio": wall / nano["wall_s"],
-            "reached": fast["val_loss"] <= nano["val_loss"]}  # fmt: skip
+    val = lmforge_val_loss(run, a.windows)
+    return {"args": args, "wall_s": wall, "steps": evals[-1]["step"], "val_loss_own_eval": evals[-1]["val_loss"],
+            "val_loss": val, "time_ratio": wall / nano["wall_s"], "reached": val <= nano["val_loss"]}  # fmt: skip
+
+
+# Each change of the gpt-fast recipe undone on its own (the AdamW arm: every matrix on AdamW, at an lr tuned for it).
+ABLATION = {
+    "gpt-fast": [],
+    "AdamW instead of Muon": ["--train.optimizer=adamw", "--train.lr=0.002"],
+    "learned positions instead of rotary": ["--model.position=learned"],
+    "no QK-norm": ["--model.qk_norm=false"],
+    "GELU instead of ReLU²": ["--model.activation=gelu_tanh"],
+    "tied head": ["--model.tie_embeddings=true"],
+    "no logit soft-cap": ["--model.logit_softcap=null"],
+    "cosine instead of WSD": ["--train.schedule=cosine"],
+}
+
+
+def ablation(a, work: Path) -> list[dict]:
+    """Each arm for --ablation-steps steps on the same data: final validation loss and the step's time."""
+    rows = []
+    for name, args in ABLATION.items():
+        run = work / f"ablation-{len(rows)}"
+        over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
+                f"--train.max_steps={a.ablation_steps}", f"--train.eval_every={a.ablation_steps}",
+                f"--train.save_every={a.ablation_steps}", "--sample.prompts=[]", "--train.compile", *args]  # fmt: skip
+        wall = _cli(["pretrain", "gpt-fast", *over], work / f"ablation-{len(rows)}.log")
+        metrics = _rows(run)
+        rates = [r["tokens_per_s"] for r in metrics if "tokens_per_s" in r][3:]
+        ms = 16 * 1024 / statistics.median(rates) * 1e3 if rates else None
+        row = {"arm": name, "args": args, "steps": a.ablation_steps, "wall_s": wall, "ms_per_step": ms,
+               "val_loss": [r["val_loss"] for r in metrics if "val_loss" in r][-1]}  # fmt: skip
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("--time-to-loss needs --nanogpt DIR")
             results["time_to_loss"] = time_to_loss(a, work)
             print(json.dumps(results["time_to_loss"]), flush=True)
+        if a.ablation:
+            results["ablation"] = ablation(a, work)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
