@@ -9,8 +9,11 @@ From the repository root, on a prepared GPT-2-BPE corpus (`lmforge data prepare 
 
 Throughput of a CLI run is read from its own metrics.jsonl (tokens/s of each logged interval, the first ones —
 compilation, warmup — left out). Time to loss: nanoGPT's recipe for 1,200 steps of 16×1024 tokens, then the
-`gpt-fast` recipe until its validation loss reaches nanoGPT's; both final models are scored on the same validation
-windows, and both wall times are whole processes (start-up, compilation, evaluation included)."""
+`gpt-fast` recipe (as it is, or each --fast-args variant) until its validation loss reaches nanoGPT's; both final
+models are scored on the same validation windows, and both wall times are whole processes (start-up, compilation,
+evaluation included), each with an empty compilation cache.
+
+--ablation: the gpt-fast recipe with each of its changes undone on its own, all for the same number of steps."""
 
 from __future__ import annotations
 
@@ -52,12 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", choices=["on", "off"], default="on")
     p.add_argument("--nanogpt", type=Path, help="a local nanoGPT checkout: run its train.py on the same data")
     p.add_argument("--time-to-loss", action="store_true", help="gpt-fast vs nanoGPT's 1,200-step loss")
-    p.add_argument("--fast-steps", type=int, default=1200, help="gpt-fast's step limit in --time-to-loss")
     p.add_argument("--nanogpt-args", type=shlex.split, default=[], help="extra train.py overrides, one string")
     p.add_argument("--fast-args", type=shlex.split, action="append", help="gpt-fast overrides, one string; "
-                   "repeat to time several variants (e.g. '--train.compile_scope=blocks')")  # fmt: skip
+                   "repeat to time several variants (default: the recipe as it is)")  # fmt: skip
     p.add_argument("--ablation", action="store_true", help="gpt-fast with each change undone, at equal steps")
-    p.add_argument("--ablation-steps", type=int, default=400, help="steps of each ablation arm")
+    p.add_argument("--ablation-steps", type=int, default=300, help="steps of each ablation arm")
+    p.add_argument("--ablation-args", type=shlex.split, default=[], help="overrides for every arm, one string")
     p.add_argument("--val-batches", type=int, default=20, help="validation windows (of 16) both models are scored on")
     p.add_argument("--out", type=Path, help="results JSON (default: $OUT/train_e2e.json or bench/results/)")
     p.add_argument("--work", type=Path, help="keep the runs and logs here (default: a temporary dir)")
@@ -197,8 +200,7 @@ def gpt_fast_run(a, work: Path, i: int, args: list[str], nano: dict) -> dict:
     """One gpt-fast variant until it reaches nanoGPT's validation loss, timed from a cold start."""
     run = work / f"gpt-fast-{i}"
     over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
-            f"--train.target_loss={nano['val_loss']:.4f}", f"--train.max_steps={a.fast_steps}",
-            "--sample.prompts=[]", "--train.compile", *args]  # fmt: skip
+            f"--train.target_loss={nano['val_loss']:.4f}", "--sample.prompts=[]", *args]  # fmt: skip
     log = work / f"gpt-fast-{i}.log"
     wall = _cli(["pretrain", "gpt-fast", *over], log, env=_cold_cache(log))
     evals = [r for r in _rows(run) if "val_loss" in r]
@@ -227,7 +229,7 @@ def ablation(a, work: Path) -> list[dict]:
         run = work / f"ablation-{len(rows)}"
         over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
                 f"--train.max_steps={a.ablation_steps}", f"--train.eval_every={a.ablation_steps}",
-                f"--train.save_every={a.ablation_steps}", "--sample.prompts=[]", "--train.compile", *args]  # fmt: skip
+                f"--train.save_every={a.ablation_steps}", "--sample.prompts=[]", *a.ablation_args, *args]  # fmt: skip
         wall = _cli(["pretrain", "gpt-fast", *over], work / f"ablation-{len(rows)}.log")
         metrics = _rows(run)
         rates = [r["tokens_per_s"] for r in metrics if "tokens_per_s" in r][3:]

@@ -407,22 +407,3 @@ def test_run_init_continues_from_a_run_with_its_model_and_tokenizer(prepared, tm
     assert [r["step"] for r in train_rows(second)] == [1]
     rc, err = cli(capsys, *base, f"--run.dir={tmp_path / 'third'}", f"--run.init={tmp_path / 'missing'}")
     assert rc != 0 and err.strip().count("\n") == 0 and "run.init" in err and "does not exist" in err
-
-
-@pytest.mark.slow
-def test_block_compile_trains_the_eager_weights_with_one_graph_for_all_blocks(prepared, tmp_path, capsys):
-    """compile_scope=blocks compiles each transformer block alone; blocks of one shape share one graph."""
-    from torch._dynamo.utils import counters
-
-    blocks, eager = tmp_path / "blocks", tmp_path / "eager"
-    extra = ["--train.save_every=2", "--train.eval_every=100", "--train.max_steps=2"]
-    torch._dynamo.reset()
-    counters.clear()
-    assert cli(capsys, *common(prepared, blocks, *extra), "--train.compile", "--train.compile_scope=blocks")[0] == 0
-    # Two blocks, two graphs: their forward traced once for training and once without grad (the final validation).
-    assert counters["stats"]["unique_graphs"] == 2
-    assert cli(capsys, *common(prepared, eager, *extra))[0] == 0
-    saved, ref = (ck.read_weights(run / "checkpoints" / "step_2") for run in (blocks, eager))
-    assert saved.keys() == ref.keys()
-    for k in saved:
-        torch.testing.assert_close(saved[k], ref[k], rtol=1e-4, atol=1e-5)

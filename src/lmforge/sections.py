@@ -73,11 +73,7 @@ class LoopConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """auto = bf16 autocast on GPUs that support it, fp32 on CPU."""
     compile: bool = False
-    """torch.compile the model (see compile_scope)."""
-    compile_scope: Literal["model", "blocks"] = "model"
-    """What compile covers: model = the model with its loss as one graph (the fastest steps); blocks = each
-    transformer block alone, one graph that every block of a shape reuses (compiles several times faster: for
-    short runs). parallel=fsdp always compiles blocks."""
+    """torch.compile the model (each transformer block on its own under parallel=fsdp)."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
     launches (small batches, many layers)."""

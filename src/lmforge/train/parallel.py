@@ -43,29 +43,24 @@ def check_parallel(cfg: LoopConfig) -> None:
 def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> nn.Module:
     """Apply activation checkpointing, compile and DDP or FSDP to `model` → the module the loop calls.
 
-    fsdp shards `model` in place (the returned module is `model` itself); ddp wraps it. Under compile, blocks are
-    compiled here when `compiles_blocks(cfg)`; otherwise the loop compiles the model together with its loss. Build
-    the optimizer afterwards: under fsdp its parameters are the shards."""
+    fsdp shards `model` in place (the returned module is `model` itself) and compiles each block when cfg.compile;
+    ddp wraps it (the loop then compiles the model together with its loss). Build the optimizer afterwards: under
+    fsdp its parameters are the shards."""
     check_parallel(cfg)
     blocks = all_blocks(model)
     if cfg.activation_checkpointing:
         for block in blocks:
             _checkpoint_forward(block)
-    if cfg.compile and compiles_blocks(cfg):  # under fsdp: graphs stay small and FSDP's hooks stay outside them
-        for block in blocks:
-            block.forward = torch.compile(block.forward, mode=cfg.compile_mode)
     if cfg.parallel == "fsdp":
+        if cfg.compile:  # per block: graphs stay small and FSDP's hooks stay outside them
+            for block in blocks:
+                block.forward = torch.compile(block.forward, mode=cfg.compile_mode)
         shard(model, cfg, dist_info, device)
         return model
     if dist_info.enabled:  # compiled with its loss by the loop (LossStep), not here
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     return model
-
-
-def compiles_blocks(cfg: LoopConfig) -> bool:
-    """Whether compile covers each block alone (else the loop compiles the model with its loss)."""
-    return cfg.parallel == "fsdp" or cfg.compile_scope == "blocks"
 
 
 def all_blocks(model: nn.Module) -> list[nn.Module]:
