@@ -44,6 +44,19 @@ RECIPES = {"gpt2": ("gpt", "gpt2-124m"), "bert": ("bert", "bert-base"), "roberta
            "t5": ("t5", "t5-base")}  # fmt: skip
 
 
+# Each change of the gpt-fast recipe undone on its own (the AdamW arm: every matrix on AdamW, at an lr tuned for it).
+ABLATION = {  # arm → (what it changes, its overrides)
+    "gpt-fast": ("the recipe as it is", []),
+    "adamw": ("AdamW instead of Muon", ["--train.optimizer=adamw", "--train.lr=0.002"]),
+    "learned-pos": ("learned positions instead of rotary", ["--model.position=learned"]),
+    "no-qk-norm": ("no QK-norm", ["--model.qk_norm=false"]),
+    "gelu": ("GELU instead of ReLU²", ["--model.activation=gelu_tanh"]),
+    "tied-head": ("tied head", ["--model.tie_embeddings=true"]),
+    "no-softcap": ("no logit soft-cap", ["--model.logit_softcap=null"]),
+    "cosine": ("cosine instead of WSD", ["--train.schedule=cosine"]),
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True, help="a prepared data dir (lmforge data prepare)")
@@ -61,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ablation", action="store_true", help="gpt-fast with each change undone, at equal steps")
     p.add_argument("--ablation-steps", type=int, default=300, help="steps of each ablation arm")
     p.add_argument("--ablation-args", type=shlex.split, default=[], help="overrides for every arm, one string")
+    p.add_argument("--arms", nargs="+", choices=list(ABLATION), default=list(ABLATION), help="default: every arm")
     p.add_argument("--val-batches", type=int, default=20, help="validation windows (of 16) both models are scored on")
     p.add_argument("--out", type=Path, help="results JSON (default: $OUT/train_e2e.json or bench/results/)")
     p.add_argument("--work", type=Path, help="keep the runs and logs here (default: a temporary dir)")
@@ -209,23 +223,11 @@ def gpt_fast_run(a, work: Path, i: int, args: list[str], nano: dict) -> dict:
             "val_loss": val, "time_ratio": wall / nano["wall_s"], "reached": val <= nano["val_loss"]}  # fmt: skip
 
 
-# Each change of the gpt-fast recipe undone on its own (the AdamW arm: every matrix on AdamW, at an lr tuned for it).
-ABLATION = {
-    "gpt-fast": [],
-    "AdamW instead of Muon": ["--train.optimizer=adamw", "--train.lr=0.002"],
-    "learned positions instead of rotary": ["--model.position=learned"],
-    "no QK-norm": ["--model.qk_norm=false"],
-    "GELU instead of ReLU²": ["--model.activation=gelu_tanh"],
-    "tied head": ["--model.tie_embeddings=true"],
-    "no logit soft-cap": ["--model.logit_softcap=null"],
-    "cosine instead of WSD": ["--train.schedule=cosine"],
-}
-
-
 def ablation(a, work: Path) -> list[dict]:
     """Each arm for --ablation-steps steps on the same data: final validation loss and the step's time."""
     rows = []
-    for name, args in ABLATION.items():
+    for name in a.arms:
+        what, args = ABLATION[name]
         run = work / f"ablation-{len(rows)}"
         over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
                 f"--train.max_steps={a.ablation_steps}", f"--train.eval_every={a.ablation_steps}",
@@ -234,7 +236,7 @@ def ablation(a, work: Path) -> list[dict]:
         metrics = _rows(run)
         rates = [r["tokens_per_s"] for r in metrics if "tokens_per_s" in r][3:]
         ms = 16 * 1024 / statistics.median(rates) * 1e3 if rates else None
-        row = {"arm": name, "args": args, "steps": a.ablation_steps, "wall_s": wall, "ms_per_step": ms,
+        row = {"arm": name, "change": what, "args": args, "steps": a.ablation_steps, "wall_s": wall, "ms_per_step": ms,
                "val_loss": [r["val_loss"] for r in metrics if "val_loss" in r][-1]}  # fmt: skip
         print(json.dumps(row), flush=True)
         rows.append(row)
