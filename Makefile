@@ -19,8 +19,9 @@ demo: setup
 	$(VENV)/bin/lmforge finetune demo-sentiment --init runs/demo
 	$(VENV)/bin/lmforge eval runs/demo-sentiment
 
+# One worker per core (at most 4), one thread each: the tests are small and mostly single-threaded.
 test: setup
-	$(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n auto --maxprocesses=4
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
