@@ -19,6 +19,7 @@ from torch import nn
 
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file
+from lmforge.models.wrappers import unwrap_model
 from lmforge.train import checkpoint as ck
 from lmforge.train.checkpoint import (
     latest_checkpoint,
@@ -62,7 +63,7 @@ def _save(run: Path, step: int, model: nn.Module | None = None, **kw) -> Path:
 
 
 def _assert_same_weights(a: nn.Module, b: nn.Module) -> None:
-    sa, sb = ck.unwrap_model(a).state_dict(), ck.unwrap_model(b).state_dict()
+    sa, sb = unwrap_model(a).state_dict(), unwrap_model(b).state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
         torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0)

@@ -20,12 +20,11 @@ from lmforge.config import (
     load_config,
     load_resume_config,
     merge_dicts,
-    model_config_from_dict,
     parse_overrides,
     resolved_run_dir,
 )
 from lmforge.errors import LMForgeError
-from lmforge.models import Transformer
+from lmforge.loading import load
 
 
 @dataclass
@@ -108,58 +107,3 @@ def evaluate(
     from lmforge.finetune_cli import cmd_eval
 
     return cmd_eval(str(path), tasks, overrides_tree(overrides), split=split)
-
-
-def load(path: str | Path, device: str | torch.device = "cpu"):
-    """(model, tokenizer) from a run dir (its best checkpoint when it selects one, else its latest good one), a
-    checkpoint dir, or a Hugging Face model dir (config.json + model.safetensors / pytorch_model.bin). The model
-    is in eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads."""
-    from lmforge.models.hf import import_hf, is_hf_dir
-    from lmforge.tokenizers import Tokenizer
-    from lmforge.train import checkpoint as ckpt
-
-    path = Path(path)
-    if not path.exists():
-        raise LMForgeError(f"checkpoint path not found: {path}")
-    if is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists():
-        model, c = import_hf(path), path
-        try:
-            tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
-        except LMForgeError:
-            tokenizer = None  # e.g. a tokenizer model type lmforge does not wrap
-    else:
-        c = ckpt.model_checkpoint(path)
-        cfg = ckpt.read_config(c)
-        if "model" not in cfg:
-            raise LMForgeError(f"{c}/config.yaml has no model section")
-        model = Transformer(model_config_from_dict(cfg["model"]))
-        _load_run_weights(c, model, cfg)
-        tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
-    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
-        raise LMForgeError(
-            f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
-        )
-    return model.to(device).eval(), tokenizer
-
-
-def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
-    """Load a checkpoint's weights into `model`. A run that trains several networks (ELECTRA's generator and
-    discriminator, PPO's policy and value function) names, as `export_module` (of its objective, or in its
-    config.yaml), the one that `config.yaml`'s model section describes and `load` returns; the other networks'
-    weights stay in the checkpoint."""
-    from torch import nn
-
-    from lmforge.objectives import OBJECTIVES
-    from lmforge.train import checkpoint as ckpt
-
-    name = (cfg.get("objective") or {}).get("name")
-    prefix = getattr(OBJECTIVES.get(name), "export_module", "") if name in OBJECTIVES else ""
-    prefix = cfg.get("export_module") or prefix
-    if not prefix:
-        ckpt.load_weights(c, model)
-        return
-    holder = nn.Module()
-    holder.add_module(prefix, model)
-    missing, _ = ckpt.load_weights(c, holder, strict=False)
-    if missing:
-        raise LMForgeError(f"checkpoint does not match the model: key '{missing[0]}' is missing from the checkpoint")

@@ -40,7 +40,7 @@ def _report_pretrain(trainer, final: dict) -> None:
     if s.prompts and cfg.model.arch != "encoder":
         model = trainer.raw_model
         if cfg.train.parallel == "fsdp":  # its shards' process group is gone: sample from the saved weights
-            from lmforge.api import load
+            from lmforge.loading import load
 
             model = load(trainer.run_dir, trainer.device)[0]
         outs = generate_text(
@@ -101,8 +101,8 @@ def _compress(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> None:
     import torch
 
-    from lmforge.api import load
     from lmforge.generate import generate_text
+    from lmforge.loading import load
 
     try:
         device = torch.device(args.device)
@@ -193,7 +193,7 @@ def _model_info(args: argparse.Namespace) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
-    from lmforge.models.convert_cli import cmd_convert
+    from lmforge.convert_cli import cmd_convert
 
     cmd_convert(args.src, args.out, args.to)
 

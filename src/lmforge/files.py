@@ -1,5 +1,6 @@
-"""File helpers shared by checkpoints and model conversion: weights-only `torch.load` with one-line errors, and the
-durability primitives of atomic writes (content hashes, directory fsync, OS error reasons)."""
+"""File helpers shared by checkpoints, model conversion and downloads: the cache root, weights-only `torch.load`
+with one-line errors, and the durability primitives of atomic writes (content hashes, directory fsync, OS error
+reasons)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from typing import Any
 import torch
 
 from lmforge.errors import LMForgeError
+
+
+def cache_root() -> Path:
+    """Root of lmforge's download and data cache: ``$LMFORGE_CACHE`` or ``~/.cache/lmforge``."""
+    env = os.environ.get("LMFORGE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lmforge"
 
 
 def load_torch_file(path: Path, holds: str = "tensors and plain data") -> Any:

@@ -140,8 +140,8 @@ def results_table(results: dict[str, dict[str, float]]) -> str:
 
 
 def eval_prompted(path: Path, tasks: list[str], overrides: list[str], split: str | None) -> dict[str, dict[str, float]]:
-    from lmforge.api import load
     from lmforge.eval.zeroshot import load_prompt_config, run_prompt_eval
+    from lmforge.loading import load
     from lmforge.tasks.backbone import load_finetuned
 
     if _finetuned_run(path):

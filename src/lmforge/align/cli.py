@@ -90,7 +90,7 @@ def cmd_best_of_n(
     from lmforge.align.reward import best_of_n
     from lmforge.align.run import load_reward_model
     from lmforge.align.templates import Conversation, get_template
-    from lmforge.api import load
+    from lmforge.loading import load
 
     model, tok = load(policy)
     if tok is None:

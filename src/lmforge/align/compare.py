@@ -102,7 +102,7 @@ def compare(
     from lmforge.align.config import build_align_config
     from lmforge.align.run import load_reward_model, prompt_data, reward_scorer
     from lmforge.align.templates import get_template
-    from lmforge.api import load
+    from lmforge.loading import load
     from lmforge.train import checkpoint as ckpt
 
     raw = ckpt.read_config(ckpt.model_checkpoint(Path(prompts_from)))

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from lmforge.align.templates import IGNORE, Encoded
 from lmforge.errors import LMForgeError
-from lmforge.train.checkpoint import unwrap_model
+from lmforge.models.wrappers import unwrap_model
 
 
 def pad_batch(examples: list[Encoded], pad_id: int) -> dict[str, Tensor]:

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.align.reward import RewardModel
+from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives.base import LossOutput
-from lmforge.train.checkpoint import unwrap_model
 
 ROLLOUT_STAT = "rollout_"
 """Prefix of the rollout-level statistics a PPO batch carries as 0-d tensors (logged beside the losses)."""

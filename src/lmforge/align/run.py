@@ -208,7 +208,7 @@ def run_dpo(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
     train, dev = preference_data(cfg)
     policy, tok, template, pad = _policy(cfg, train, run.device)
     if cfg.dpo.reference:
-        from lmforge.api import load
+        from lmforge.loading import load
 
         reference = frozen_copy(load(cfg.dpo.reference)[0]).to(run.device)
         if reference.config.vocab_size != policy.config.vocab_size:

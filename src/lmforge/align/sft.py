@@ -12,9 +12,9 @@ from torch import Tensor, nn
 from lmforge.align.packing import packed_hidden, pad_batch
 from lmforge.align.templates import Conversation, Encoded, Message, Template
 from lmforge.errors import LMForgeError
+from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import lm_head_loss
-from lmforge.train.checkpoint import unwrap_model
 
 
 def hidden_states(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:

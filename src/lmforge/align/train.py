@@ -88,7 +88,7 @@ def _check_decoder(arch: str, init: str) -> None:
 def initial_model(init: str, texts: Callable[[], list[str]], tokenizer: str | None = None, vocab_size: int = 2048):
     """(decoder model, tokenizer): a run / checkpoint / Hugging Face dir (`lmforge.load`), or a preset name
     (random init, with `tokenizer` or a tokenizer trained on `texts()`)."""
-    from lmforge.api import load
+    from lmforge.loading import load
     from lmforge.models import Transformer, get_preset
     from lmforge.registry import MODELS
     from lmforge.tokenizers import Tokenizer, train_tokenizer

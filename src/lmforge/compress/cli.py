@@ -27,10 +27,10 @@ def cmd_quantize(path: str, seq_len: int = 64, runs: int = 10, threads: int = 1)
     beside the float32 model's. Returns those numbers."""
     import torch
 
-    from lmforge.api import load
     from lmforge.compress.quantize import quantize_int8
     from lmforge.compress.report import state_dict_bytes
     from lmforge.data.corpus import load_default_corpus
+    from lmforge.loading import load
 
     model, tok = load(path)
     if tok is None:

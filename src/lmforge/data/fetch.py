@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmforge.data import sources
-from lmforge.data.packages import cache_root
 from lmforge.errors import LMForgeError
+from lmforge.files import cache_root
 from lmforge.progress import progress, status
 from lmforge.registry import Registry
 

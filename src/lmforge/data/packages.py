@@ -9,7 +9,6 @@ line.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,13 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
+from lmforge.files import cache_root
 from lmforge.progress import status
-
-
-def cache_root() -> Path:
-    """``$LMFORGE_CACHE`` or ``~/.cache/lmforge``."""
-    env = os.environ.get("LMFORGE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lmforge"
 
 
 def _cached(registry: str, spec: str, download: Callable[[Path], Path]) -> Path:

@@ -62,7 +62,7 @@ class LMForgeLM(HarnessLM):
         max_gen_toks: int | str = 256,
     ) -> None:
         super().__init__()
-        from lmforge.api import load
+        from lmforge.loading import load
 
         if not device or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             if device:  # lm_eval's command line asks for cuda by default

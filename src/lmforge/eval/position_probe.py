@@ -119,7 +119,7 @@ EVALS.register("position_probe")(position_probe)
 
 def _load(checkpoint_or_preset: str) -> Transformer:
     if Path(checkpoint_or_preset).exists():
-        from lmforge.api import load
+        from lmforge.loading import load
 
         return load(checkpoint_or_preset)[0]
     if checkpoint_or_preset not in MODELS:

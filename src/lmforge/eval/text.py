@@ -74,8 +74,8 @@ def cmd_text(
 ) -> TextScore:
     """`lmforge eval RUN --text FILE`: print (and with `out`, write as JSON) the text's perplexity and bits per
     byte under the model of a run, checkpoint or Hugging Face dir. `extra`: other arguments given, refused."""
-    from lmforge.api import load
     from lmforge.data import read_documents
+    from lmforge.loading import load
 
     if extra:
         raise LMForgeError(f"--text scores the text alone; it takes no {extra[0]}")

@@ -5,5 +5,6 @@ from lmforge.models.config import ModelConfig
 from lmforge.models.layers import KVCache
 from lmforge.models.model import ModelOutput, Transformer
 from lmforge.models.presets import get_preset
+from lmforge.models.wrappers import unwrap_model
 
-__all__ = ["KVCache", "ModelConfig", "ModelOutput", "Transformer", "get_preset"]
+__all__ = ["KVCache", "ModelConfig", "ModelOutput", "Transformer", "get_preset", "unwrap_model"]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.train.checkpoint import unwrap_model
+from lmforge.models.wrappers import unwrap_model
 
 VOCAB_ALIGN = 64
 

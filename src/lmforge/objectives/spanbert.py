@@ -18,11 +18,11 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
+from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.mlm import MaskedObjective, check_rates, mlm_loss
 from lmforge.registry import OBJECTIVES
-from lmforge.train.checkpoint import unwrap_model
 
 
 @dataclass

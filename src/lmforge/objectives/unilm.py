@@ -23,13 +23,13 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models.masks import ATTENTION_KINDS, BIDIRECTIONAL, LEFT_TO_RIGHT, RIGHT_TO_LEFT
+from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput, Objective
 from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.mlm import MaskedObjective, MLMOptions
 from lmforge.objectives.sentence_data import SentencePairLoader, sentence_end_ids
 from lmforge.registry import OBJECTIVES
-from lmforge.train.checkpoint import unwrap_model
 
 LM_SEGMENTS = 6
 """Segment types with objective.lm_segments: A/B of bidirectional rows, left-to-right, right-to-left, source/target."""

@@ -57,7 +57,7 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
         if init in MODELS:
             return random_backbone(init, cfg, texts)
         raise LMForgeError(f"model.init: '{init}' is neither a run/checkpoint/model dir nor a model preset")
-    from lmforge.api import load
+    from lmforge.loading import load
     from lmforge.train import checkpoint as ckpt
 
     if not _is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path))):

@@ -467,7 +467,7 @@ def load_bundled(name: str = "sentiment") -> dict[str, Dataset]:
 
 def load_fetched(name: str, cache_dir: Path | None = None) -> dict[str, Dataset]:
     """A labelled set built by `lmforge data fetch NAME`: split name → Dataset."""
-    from lmforge.data.fetch import cache_root
+    from lmforge.files import cache_root
 
     root = Path(cache_dir or cache_root()) / "data" / name
     if not (root / "meta.json").is_file():

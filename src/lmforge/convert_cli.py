@@ -26,7 +26,7 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"]) -> None:
     hf: config.json + model.safetensors (+ tokenizer files) that `transformers` Auto classes load.
     lmforge: a checkpoint dir (model.safetensors, config.yaml, tokenizer, manifest.json) for `lmforge.load`.
     """
-    from lmforge.api import load
+    from lmforge.loading import load
 
     if to not in ("hf", "lmforge"):
         raise LMForgeError(f"unknown conversion target '{to}' (choose hf or lmforge)")
