@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
@@ -235,7 +236,9 @@ def ablation(a, work: Path) -> list[dict]:
         wall = _cli(["pretrain", "gpt-fast", *over], work / f"ablation-{len(rows)}.log")
         metrics = _rows(run)
         rates = [r["tokens_per_s"] for r in metrics if "tokens_per_s" in r][3:]
-        ms = 16 * 1024 / statistics.median(rates) * 1e3 if rates else None
+        t = yaml.safe_load((run / "config.yaml").read_text())["train"]
+        tokens_per_step = t["batch_size"] * t["seq_len"] * t["grad_accum"]
+        ms = tokens_per_step / statistics.median(rates) * 1e3 if rates else None
         row = {"arm": name, "change": what, "args": args, "steps": a.ablation_steps, "wall_s": wall, "ms_per_step": ms,
                "val_loss": [r["val_loss"] for r in metrics if "val_loss" in r][-1]}  # fmt: skip
         print(json.dumps(row), flush=True)

@@ -255,7 +255,7 @@ def test_prompt_tuned_decoder_decodes_eagerly(capsys) -> None:
 
 def test_cli_generate_compile_prints_the_eager_text(monkeypatch, capsys) -> None:
     model = decoder()
-    monkeypatch.setattr("lmforge.api.load", lambda path, device="cpu": (model, CharTokenizer()))
+    monkeypatch.setattr("lmforge.loading.load", lambda path, device="cpu": (model, CharTokenizer()))
     args = ["generate", "ckpt", "--prompt", "abcdefg", "--prompt", "hij", "--greedy", "--max-new-tokens", "8"]
     assert main(args) == 0
     eager = capsys.readouterr().out
@@ -267,6 +267,6 @@ def test_cli_generate_compile_prints_the_eager_text(monkeypatch, capsys) -> None
 
 
 def test_cli_generate_rejects_an_unknown_device(monkeypatch, capsys) -> None:
-    monkeypatch.setattr("lmforge.api.load", lambda path, device="cpu": (decoder(), CharTokenizer()))
+    monkeypatch.setattr("lmforge.loading.load", lambda path, device="cpu": (decoder(), CharTokenizer()))
     assert main(["generate", "ckpt", "--prompt", "ab", "--device", "tpu9", "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == "error: --device: unknown device 'tpu9' (cpu, cuda, cuda:1, ...)"
