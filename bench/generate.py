@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, str(_HERE))  # model_table, report (already there when run as
 sys.path.append(str(_HERE.parent / "src"))  # lmforge from the checkout when neither PYTHONPATH nor an install has it
 
 from model_table import BENCH_MODELS, require_available  # noqa: E402
-from report import default_path, write_results  # noqa: E402
+from report import default_path, free_memory, one_line, write_results  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
 from lmforge.generate import decoding_steps, generate, sample  # noqa: E402
@@ -159,19 +158,6 @@ def agreement(new: Tensor, ref: Tensor) -> dict:
     }
 
 
-def _free(device: torch.device) -> None:
-    """Release the last variant's model, compiled graphs and cached buffers before the next one starts."""
-    torch._dynamo.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-
-
 def run_variant(name: str, impl: str, refs: dict, prompts: Tensor, args) -> tuple[dict, Tensor | None]:
     """One row of results; a failure (no HF twin, compile error, out of memory) becomes the row's `error`."""
     B = prompts.shape[0]
@@ -195,11 +181,11 @@ def run_variant(name: str, impl: str, refs: dict, prompts: Tensor, args) -> tupl
         )
         return row, tokens
     except Exception as e:  # noqa: BLE001 — one broken variant must not stop the others
-        row["error"], row["traceback"] = _one_line(e), traceback.format_exc()
+        row["error"], row["traceback"] = one_line(e), traceback.format_exc()
         print(f"{label}: error: {row['error']}", flush=True)
         return row, None
     finally:
-        _free(args.device)
+        free_memory(args.device)
 
 
 def reference_models(name: str, args) -> dict[str, nn.Module | str]:
@@ -216,7 +202,7 @@ def reference_models(name: str, args) -> dict[str, nn.Module | str]:
     try:
         twin: nn.Module | str = spec.build_hf(ref).eval()
     except Exception as e:  # noqa: BLE001 — no converter, or a transformers version without the model
-        twin = f"no Hugging Face twin for '{cfg.name}': {_one_line(e)}"
+        twin = f"no Hugging Face twin for '{cfg.name}': {one_line(e)}"
     return {"lmforge": ref, "hf": twin}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from datetime import datetime, timezone
@@ -80,3 +81,19 @@ def write_results(results: dict, table: str, out: Path | None, out_env: str | No
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     path.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
     return path
+
+
+def free_memory(device) -> None:
+    """Release the last variant's model, optimizer state and compiled graphs before the next one starts."""
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one short line for a results row."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ sys.path.insert(0, str(_HERE))  # model_table, report (already there when run as
 sys.path.append(str(_HERE.parent / "src"))  # lmforge from the checkout when neither PYTHONPATH nor an install has it
 
 from model_table import BENCH_MODELS, BenchModel, require_available  # noqa: E402
-from report import markdown_table, speed_ratios, write_results  # noqa: E402
+from report import free_memory, markdown_table, one_line, speed_ratios, write_results  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
 from lmforge.models import Transformer  # noqa: E402
@@ -172,20 +171,6 @@ def print_profile(train_step, device: torch.device, steps: int = 3) -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=90), flush=True)
 
 
-def _free(device: torch.device, compiled: bool) -> None:
-    """Release the last variant's model, optimizer state and compiled graphs before the next one starts."""
-    if compiled:
-        torch._dynamo.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-
-
 def run_variant(name: str, spec: BenchModel, impl: Impl, compiled: bool, refs: dict, batch, args) -> dict:
     """One row of results; a failure (no HF twin, compile error, out of memory) becomes the row's `error`."""
     label = f"{name} {impl} {'compiled' if compiled else 'eager'}"
@@ -201,11 +186,11 @@ def run_variant(name: str, spec: BenchModel, impl: Impl, compiled: bool, refs: d
         mem = f", {row['peak_mem_gib']:.2f} GiB" if row["peak_mem_gib"] is not None else ""
         print(f"{label}: {row['tokens_per_s']:,.0f} tok/s{mem}, loss@0 {row['loss_step0']:.4f}", flush=True)
     except Exception as e:  # noqa: BLE001 — one broken variant must not stop the others
-        row["error"] = _one_line(e)
+        row["error"] = one_line(e)
         row["traceback"] = traceback.format_exc()
         print(f"{label}: error: {row['error']}", flush=True)
     finally:
-        _free(args.device, compiled)
+        free_memory(args.device)
     return row
 
 
@@ -217,7 +202,7 @@ def reference_models(spec: BenchModel, cfg, seed: int) -> dict[str, nn.Module | 
     try:
         twin: nn.Module | str = spec.build_hf(ref)
     except Exception as e:  # noqa: BLE001 — no converter yet, or a transformers version without the model
-        twin = f"no Hugging Face twin for '{cfg.name}': {_one_line(e)}"
+        twin = f"no Hugging Face twin for '{cfg.name}': {one_line(e)}"
     return {"lmforge": ref, "hf": twin}
 
 
