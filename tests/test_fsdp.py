@@ -317,3 +317,15 @@ def test_nonfinite_steps_are_skipped_and_the_gradient_norm_is_global_under_fsdp(
     assert one["changed"] == two["changed"] == [1, 4]  # the NaN steps 2 and 3 left every shard as it was
     assert one["skipped"] == two["skipped"] == [2, 3]
     assert abs(one["norm1"] - two["norm1"]) < 1e-5 * one["norm1"]  # the norm over both ranks' shards
+
+
+def test_train_device_cuda_means_each_ranks_own_gpu(monkeypatch):
+    """`--train.device=cuda` under torchrun: the rank's local GPU, with an index (a one-GPU FSDP group's
+    torch.cuda.set_device refuses a device without one)."""
+    from lmforge.train.distributed import DistInfo
+    from lmforge.train.setup import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("cuda", DistInfo()) == torch.device("cuda", 0)
+    assert pick_device("cuda", DistInfo(rank=3, world_size=4, local_rank=1)) == torch.device("cuda", 1)
+    assert pick_device("cuda:0", DistInfo(rank=3, world_size=4, local_rank=1)) == torch.device("cuda", 0)

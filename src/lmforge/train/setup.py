@@ -29,6 +29,8 @@ def pick_device(spec: str, dist: DistInfo) -> torch.device:
         raise LMForgeError(f"train.device: unknown device '{spec}'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise LMForgeError("train.device=cuda but no CUDA GPU is available")
+    if dev.type == "cuda" and dev.index is None:  # each rank's own GPU under torchrun (set_device needs an index)
+        dev = torch.device("cuda", dist.local_rank)
     return dev
 
 
