@@ -85,7 +85,7 @@ def test_a_recipe_fits_the_preset_the_user_names(capsys):
     )
 
 
-def test_published_tokenizers_by_name():
+def test_published_tokenizers_by_name(tmp_path, capsys):
     from lmforge.errors import LMForgeError
     from lmforge.tokenizers.published import tokenizer_vocab_size
 
@@ -94,6 +94,10 @@ def test_published_tokenizers_by_name():
     assert tokenizer_vocab_size("gpt2") == 50257
     with pytest.raises(LMForgeError, match="'gtp2' is neither a tokenizer dir/file nor a published tokenizer — did "):
         load_config("gpt", ["--data.tokenizer=gtp2"])
+    # Fine-tuning from random init takes a published tokenizer by name too.
+    assert main(["finetune", "sst2-gpt", "--init", "none", "--model.tokenizer=gtp2", f"--run.dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "model.tokenizer: 'gtp2' is neither a tokenizer dir/file nor a published tokenizer" in err
 
 
 def test_tensorboard_logging_beside_metrics_jsonl(tmp_path, capsys):

@@ -20,10 +20,11 @@ SECTIONS = ("run", "model", "task", "data", "train", "peft")
 
 
 def _tokenizer_for(cfg: FtModelConfig, arch: str, texts: Callable[[], list[str]]):
-    from lmforge.tokenizers import Tokenizer, train_tokenizer
+    from lmforge.tokenizers import train_tokenizer
+    from lmforge.tokenizers.published import load_tokenizer
 
-    if cfg.tokenizer:
-        return Tokenizer.load(Path(cfg.tokenizer))
+    if cfg.tokenizer:  # a path, or a published tokenizer by name
+        return load_tokenizer(cfg.tokenizer, "model.tokenizer")
     return train_tokenizer(texts(), cfg.tokenizer_kind, cfg.vocab_size, family=FAMILY_BY_ARCH[arch])
 
 

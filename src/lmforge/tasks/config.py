@@ -37,7 +37,8 @@ class FtModelConfig:
     preset: str = "gpt-tiny"
     """Architecture of a randomly initialised backbone (GPT-1 Table 5, "w/o pre-training")."""
     tokenizer: str | None = None
-    """Tokenizer dir/file for a random init (None = train one on the training texts) or when `init` has none."""
+    """Tokenizer dir/file or published name (gpt2) for a random init (None = train one on the training texts) or
+    when `init` has none."""
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
     vocab_size: PosInt = 2048
     """Vocabulary of a tokenizer trained for a random init."""

@@ -31,8 +31,8 @@ PUBLISHED: dict[str, Published] = {
 }
 
 
-def _check(spec: str) -> Path | None:
-    """The path `spec` names, or None when it names a published tokenizer; one line when it is neither."""
+def _check(spec: str, key: str = "data.tokenizer") -> Path | None:
+    """The path `spec` names, or None when it names a published tokenizer; one line (naming `key`) when neither."""
     path = Path(spec)
     if path.exists():
         return path
@@ -40,7 +40,7 @@ def _check(spec: str) -> Path | None:
         return None
     hint = get_close_matches(spec, list(PUBLISHED), n=1)
     tip = f" — did you mean '{hint[0]}'?" if hint else f" (published tokenizers: {', '.join(PUBLISHED)})"
-    raise LMForgeError(f"data.tokenizer: '{spec}' is neither a tokenizer dir/file nor a published tokenizer{tip}")
+    raise LMForgeError(f"{key}: '{spec}' is neither a tokenizer dir/file nor a published tokenizer{tip}")
 
 
 def tokenizer_vocab_size(spec: str) -> int:
@@ -49,7 +49,7 @@ def tokenizer_vocab_size(spec: str) -> int:
     return PUBLISHED[spec].vocab_size if path is None else Tokenizer.load(path).vocab_size
 
 
-def load_tokenizer(spec: str) -> Tokenizer:
+def load_tokenizer(spec: str, key: str = "data.tokenizer") -> Tokenizer:
     """A tokenizer from a dir / tokenizer.json path, or a published one by name (fetched and cached once)."""
-    path = _check(spec)
+    path = _check(spec, key)
     return PUBLISHED[spec].build() if path is None else Tokenizer.load(path)
