@@ -42,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="--train.compile (per block under fsdp)")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--no-save",
+        action="store_true",
+        help="write no checkpoint (a multi-billion-parameter run's final save is tens of GB of disk)",
+    )
     p.add_argument("--data", type=Path, help="prepared data dir (default: the bundled corpus, prepared in --work)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer dir of --data")
     p.add_argument("--work", type=Path, default=Path("bench/results/scale-work"), help="runs and prepared data")
@@ -110,6 +115,8 @@ def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Pa
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={free_port()}",
            str(WORKER), "pretrain", "gpt", *overrides]  # fmt: skip
     env = {**os.environ, "LMFORGE_SCALE_DIR": str(stats), "PYTHONPATH": str(ROOT / "src")}
+    if args.no_save:
+        env["LMFORGE_SCALE_NO_SAVE"] = "1"
     t0 = time.time()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     out = {"parallel": parallel, "gpus": n, "wall_s": round(time.time() - t0, 1), "command": " ".join(cmd[2:])}
@@ -120,7 +127,7 @@ def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Pa
         out["device_name"] = ranks[0]["device"]
     if proc.returncode != 0:
         oom = re.search(r"(CUDA )?[Oo]ut of memory[^\n]*", proc.stderr)
-        out["error"] = oom[0][:300] if oom else proc.stderr.strip().splitlines()[-1][:300]
+        out["error"] = oom[0][:300] if oom else failure_line(proc.stderr)
         out["oom"] = bool(oom)
         return out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -132,6 +139,14 @@ def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Pa
     out["mfu"] = next((r["mfu"] for r in reversed(rows) if r.get("mfu") is not None), None)
     out["final_loss"] = next(r["loss"] for r in reversed(rows) if "loss" in r)
     return out
+
+
+def failure_line(stderr: str) -> str:
+    """The line that says why a launch failed: the last `...Error: ...` or `error: ...` line of any rank (torchrun
+    ends with a banner of its own), else the last non-empty line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = [ln for ln in lines if re.search(r"(^|\w)(Error|error): ", ln) and "torch.distributed.elastic" not in ln]
+    return (said or lines or ["no output"])[-1][:300]
 
 
 def add_efficiency(results: list[dict]) -> None:
@@ -146,7 +161,8 @@ def add_efficiency(results: list[dict]) -> None:
 def table(results: list[dict], args: argparse.Namespace) -> str:
     head = (f"{args.preset}, {args.batch} × {args.seq} tokens per GPU, {args.steps} steps "
             f"(tokens/s after step {args.warmup}){', compiled' if args.compile else ''}"
-            f"{', activation checkpointing' if args.activation_checkpointing else ''}")  # fmt: skip
+            f"{', activation checkpointing' if args.activation_checkpointing else ''}"
+            f"{''.join(f', {kv}' for kv in args.set)}")  # fmt: skip
     lines = [head, "", "| parallel | GPUs | tokens/s | tokens/s per GPU | scaling efficiency | MFU | peak GiB/GPU |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:

@@ -1,5 +1,6 @@
 """One rank of a bench/scale.py run: `lmforge pretrain` exactly as the CLI runs it, plus this rank's peak GPU memory
-written to $LMFORGE_SCALE_DIR/rank<R>.json when it ends (also when it fails, e.g. out of memory)."""
+written to $LMFORGE_SCALE_DIR/rank<R>.json when it ends (also when it fails, e.g. out of memory). With
+LMFORGE_SCALE_NO_SAVE=1 (scale.py --no-save) the loop writes no checkpoint."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def _record(error: str | None) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("LMFORGE_SCALE_NO_SAVE") == "1":
+        from lmforge.train.loop import Loop
+
+        Loop.save = lambda self: None
     rc = main(sys.argv[1:])
     _record(None if rc == 0 else f"exit status {rc}")
     sys.exit(rc)
