@@ -193,3 +193,16 @@ def test_bad_configs_get_one_clear_error(overrides, message):
 def test_xl_only_arguments_are_refused_by_other_models():
     with pytest.raises(LMForgeError, match="has no Transformer-XL recurrence"):
         tiny("gpt-tiny")(torch.randint(0, V, (1, 4)), use_mems=True)
+
+
+def test_memory_keeps_its_strides_once_full():
+    """A full memory is contiguous, so every later step sees the same shape and strides (one compiled graph)."""
+    from lmforge.models.recurrence import update_memory
+
+    hs = [torch.randn(2, 5, 8) for _ in range(4)]
+    mems = [update_memory(None, hs[0], 7)]
+    for h in hs[1:]:
+        mems.append(update_memory(mems[-1], h, 7))
+    assert [m.shape for m in mems[1:]] == [torch.Size([2, 7, 8])] * 3
+    assert len({m.stride() for m in mems[1:]}) == 1 and all(m.is_contiguous() for m in mems)
+    assert torch.equal(mems[2][:, :2], mems[1][:, 5:]) and torch.equal(mems[2][:, 2:], hs[2])

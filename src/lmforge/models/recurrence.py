@@ -41,9 +41,10 @@ class XLOutput:
 
 
 def update_memory(mem: Tensor | None, h: Tensor, mem_len: int) -> Tensor:
-    """The last mem_len states of the previous memory followed by this segment's (B, <= mem_len, d), detached."""
+    """The last mem_len states of the previous memory followed by this segment's (B, <= mem_len, d), detached and
+    contiguous: a memory with the same shape then has the same strides every step, so a compiled step is reused."""
     cat = h if mem is None else torch.cat([mem.to(h.dtype), h], dim=1)
-    return cat[:, -mem_len:].detach()
+    return cat[:, -mem_len:].detach().contiguous()
 
 
 def stream_masks(
