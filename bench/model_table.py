@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from lmforge.config import build_config
 from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
+from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives import OBJECTIVES, Objective
-from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.mlm import mlm_loss
 from lmforge.registry import MODELS
 from lmforge.train.metrics import flops_per_token

@@ -15,6 +15,7 @@ from lmforge.config import TrainConfig
 from lmforge.data import TokenLoader
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
+from lmforge.objectives.losses import lm_head_loss
 from lmforge.tokenizers import Tokenizer
 from lmforge.train.distributed import DistInfo
 from lmforge.train.loop import Loop, LoopSpec, Saved
@@ -138,3 +139,42 @@ def test_a_step_reads_nothing_back_and_skips_nonfinite_updates_on_the_device(tmp
     assert len(kept) == 2 and loop.streak == 0
     skipped = [r for r in read_metrics(tmp_path) if r.get("skipped")]
     assert [r["step"] for r in skipped] == [2, 3]
+
+
+def _lm_loss(model, batch) -> LossOutput:
+    h = model(batch["ids"][:, :-1], return_logits=False).last_hidden_state
+    return LossOutput(lm_head_loss(model, h, batch["ids"][:, 1:]) * batch["scale"], batch["ids"][:, 1:].numel())
+
+
+def _train_losses(tmp_path, **train) -> tuple[list[float], Loop]:
+    cfg = TrainConfig(max_steps=4, warmup_steps=0, lr=1e-2, log_every=1, prefetch=0, **train)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=100, **{**TINY_DECODER, "n_layers": 3}))
+    with MetricsLogger(tmp_path) as log:
+        loop = Loop(model, _lm_loss, _Poisoned(set()), cfg, tmp_path, LoopSpec(saved=lambda: Saved(model, {})),
+                    dist=DistInfo(), device=torch.device("cpu"), log=log)  # fmt: skip
+        for _ in range(4):
+            loop.train_step()
+        losses, _ = loop._read()
+    return [float(x) for x in losses], loop
+
+
+def test_compiling_blocks_compiles_one_graph_for_all_blocks_and_one_for_the_lm_loss(tmp_path):
+    from torch._dynamo.utils import counters
+
+    eager, _ = _train_losses(tmp_path / "eager")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled, loop = _train_losses(tmp_path / "blocks", compile=True, compile_scope="blocks")
+    model = loop.raw
+    blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+    assert len(blocks) == 3 and all(hasattr(b.forward, "__wrapped__") for b in blocks)
+    assert hasattr(model.lm_loss, "__wrapped__")
+    assert not isinstance(loop.step_fn, torch._dynamo.eval_frame.OptimizedModule)  # no whole-step graph
+    assert counters["stats"]["unique_graphs"] == 2  # three blocks share one graph; the LM loss is the other
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    with torch.no_grad():  # evaluation runs the regions eager: no second set of graphs
+        ids = torch.randint(0, 100, (2, 9))
+        lm_head_loss(model, model(ids, return_logits=False).last_hidden_state[:, :-1], ids[:, 1:])
+    assert counters["stats"]["unique_graphs"] == 2
+    assert not any("_orig_mod" in k for k in model.state_dict())  # checkpoints keep their plain keys

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.models import Transformer, get_preset
-from lmforge.objectives.losses import aligned_head_logits, cross_entropy, lm_head_loss
+from lmforge.models.lm_head import aligned_head_logits, cross_entropy
+from lmforge.objectives.losses import lm_head_loss
 
 
 def test_aligned_head_matches_plain_softmax():

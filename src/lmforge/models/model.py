@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.models.layers import KVCache, activation_fn, make_norm
+from lmforge.models.lm_head import aligned_head_logits, cross_entropy
 from lmforge.models.mtp import MTPHeads
 from lmforge.models.recurrence import xl_forward
 from lmforge.models.stack import Stack
@@ -176,6 +177,19 @@ class Transformer(nn.Module):
         if cfg.logit_softcap:
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         return logits
+
+    def lm_loss(self, h: Tensor, labels: Tensor) -> Tensor:
+        """Mean cross-entropy (nats) of the LM head over hidden states h (..., d_model) against labels (...).
+
+        A plain linear head (GPT, Llama) runs with an aligned vocabulary; heads with a transform, bias, rescale or
+        soft-cap (BERT, T5, BART, gpt-fast) go through `logits`. Softmax statistics are float32 whatever the
+        logits' dtype."""
+        cfg = self.config
+        if cfg.lm_head_transform or cfg.lm_head_bias or cfg.scale_tied_logits or cfg.logit_softcap:
+            logits = self.logits(h)
+        else:
+            logits = aligned_head_logits(h, self.lm_head.weight)
+        return cross_entropy(logits, labels)
 
     def _positions(self, input_ids: Tensor, cache: KVCache | None, position_ids: Tensor | None) -> Tensor:
         if position_ids is not None:

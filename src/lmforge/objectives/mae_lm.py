@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
+from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
-from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective
 from lmforge.registry import OBJECTIVES
 

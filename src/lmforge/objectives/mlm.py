@@ -9,10 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
+from lmforge.models.lm_head import cross_entropy
 from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput, Objective
-from lmforge.objectives.losses import cross_entropy
 from lmforge.registry import OBJECTIVES
 
 EVAL_SALT = 0x5EED_E7A1  # validation masks are static, keyed apart from static training masks

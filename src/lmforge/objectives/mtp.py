@@ -13,8 +13,8 @@ from typing import Literal
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
+from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives.base import LossOutput, Objective
-from lmforge.objectives.losses import cross_entropy
 from lmforge.registry import OBJECTIVES
 
 

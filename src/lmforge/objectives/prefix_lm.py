@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
+from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives.base import LossOutput, Objective
-from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.rng import rng, with_fixed_noise
 from lmforge.registry import OBJECTIVES
 

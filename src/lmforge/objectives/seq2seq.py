@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives.base import LossOutput
-from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.rng import rng
 
 IGNORE = -100

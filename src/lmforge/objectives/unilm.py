@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
+from lmforge.models.lm_head import cross_entropy
 from lmforge.models.masks import ATTENTION_KINDS, BIDIRECTIONAL, LEFT_TO_RIGHT, RIGHT_TO_LEFT
 from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput, Objective
-from lmforge.objectives.losses import cross_entropy
 from lmforge.objectives.mlm import MaskedObjective, MLMOptions
 from lmforge.objectives.sentence_data import SentencePairLoader, sentence_end_ids
 from lmforge.registry import OBJECTIVES

@@ -130,7 +130,7 @@ class Loop:
         # One module of the model and its loss, so torch.compile sees (and fuses) the LM head and the cross-entropy
         # with the forward, as a training step is timed alone (bench/run.py).
         self.step_fn: nn.Module = LossStep(self.model, loss_fn)
-        if cfg.compile and cfg.parallel != "fsdp":  # fsdp compiles each block (train/parallel.py)
+        if cfg.compile and not parallel.compiles_blocks(cfg):
             self.step_fn = torch.compile(self.step_fn, mode=cfg.compile_mode)
         self.sharded = ShardedCheckpoints(dist, cfg.async_save) if parallel.is_sharded(model) else None
         self.params = [p for p in model.parameters() if p.requires_grad]

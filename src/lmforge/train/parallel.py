@@ -43,24 +43,50 @@ def check_parallel(cfg: LoopConfig) -> None:
 def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> nn.Module:
     """Apply activation checkpointing, compile and DDP or FSDP to `model` → the module the loop calls.
 
-    fsdp shards `model` in place (the returned module is `model` itself) and compiles each block when cfg.compile;
-    ddp wraps it (the loop then compiles the model together with its loss). Build the optimizer afterwards: under
-    fsdp its parameters are the shards."""
+    With cfg.compile, each block is compiled here under fsdp or compile_scope=blocks; otherwise the loop compiles
+    the model together with its loss. fsdp shards `model` in place (the returned module is `model` itself); ddp
+    wraps it. Build the optimizer afterwards: under fsdp its parameters are the shards."""
     check_parallel(cfg)
     blocks = all_blocks(model)
     if cfg.activation_checkpointing:
         for block in blocks:
             _checkpoint_forward(block)
+    if cfg.compile and compiles_blocks(cfg):
+        compile_regions(model, blocks, cfg)
     if cfg.parallel == "fsdp":
-        if cfg.compile:  # per block: graphs stay small and FSDP's hooks stay outside them
-            for block in blocks:
-                block.forward = torch.compile(block.forward, mode=cfg.compile_mode)
         shard(model, cfg, dist_info, device)
         return model
-    if dist_info.enabled:  # compiled with its loss by the loop (LossStep), not here
+    if dist_info.enabled:
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     return model
+
+
+def compiles_blocks(cfg: LoopConfig) -> bool:
+    """Whether train.compile compiles each block on its own (else the loop compiles the model with its loss)."""
+    return cfg.parallel == "fsdp" or cfg.compile_scope == "blocks"
+
+
+def compile_regions(model: nn.Module, blocks: list[nn.Module], cfg: LoopConfig) -> None:
+    """Compile each block's forward (blocks of one shape share one graph: Dynamo caches on the code of
+    Block.forward, with the parameters as inputs; FSDP's hooks stay outside it) and, outside fsdp, the LM head
+    with its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary model's
+    elementwise work). The regions are compiled for training steps only: evaluation and generation, under
+    no_grad, run them eager rather than compiling a second set of graphs."""
+    for block in blocks:
+        block.forward = _compiled_with_grad(block.forward, cfg.compile_mode)
+    if cfg.parallel != "fsdp" and hasattr(model, "lm_loss"):
+        model.lm_loss = _compiled_with_grad(model.lm_loss, cfg.compile_mode)
+
+
+def _compiled_with_grad(fn, mode: str):
+    compiled = torch.compile(fn, mode=mode)
+
+    @wraps(fn)
+    def call(*args, **kwargs):
+        return (compiled if torch.is_grad_enabled() else fn)(*args, **kwargs)
+
+    return call
 
 
 def all_blocks(model: nn.Module) -> list[nn.Module]:
