@@ -11,10 +11,20 @@ import pytest
 import yaml
 
 from lmforge.errors import LMForgeError
-from lmforge.experiments.runner import Arm, arm_command, check_all_finished, final_record, format_value, run_arms
+from lmforge.experiments.data import shared_data
+from lmforge.experiments.runner import (
+    Arm,
+    arm_command,
+    check_all_finished,
+    final_record,
+    format_value,
+    resolve_config,
+    run_arms,
+)
 from lmforge.experiments.sweep import ShapeRule, load_sweep, plan_arms, shape_sizes
 from lmforge.experiments.tables import markdown_table, si
 from lmforge.models import Transformer, get_preset
+from lmforge.tokenizers import Tokenizer, published
 
 SWEEP = {
     "recipe": "gpt",
@@ -167,3 +177,16 @@ def test_scaling_sweep_end_to_end_with_skip_and_resume(tmp_path):
     assert "resumed from" in (killed / "arm.log").read_text()
     after = json.loads((out / "scaling.json").read_text())
     assert next(p["val_loss"] for p in after["points"] if p["arm"] == killed.name) == pytest.approx(before, rel=1e-3)
+
+
+def test_shared_data_takes_a_published_tokenizer_by_name(tmp_path, monkeypatch):
+    """--data.tokenizer=gpt2 names a published tokenizer, as `lmforge pretrain` takes it, not a path."""
+    from training_testing import make_prepared
+
+    tok_dir, data = make_prepared(tmp_path, 6)
+    entry = published.Published(512, "test", lambda: Tokenizer.load(tok_dir))
+    monkeypatch.setitem(published.PUBLISHED, "pub-bpe", entry)
+    cfg = resolve_config("gpt", {"data.prepared": str(data), "data.tokenizer": "pub-bpe"})
+    shared = shared_data(cfg, tmp_path / "shared")
+    assert shared["data.tokenizer"] == "pub-bpe" and shared["data.prepared"] == str(data)
+    assert shared["model.vocab_size"] == 512 and not (tmp_path / "shared").exists()  # nothing trained or prepared

@@ -40,18 +40,22 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     corpus's training-split size, not an override."""
     from lmforge.data import load_default_corpus, prepare, read_documents
     from lmforge.tokenizers import Tokenizer, train_tokenizer
+    from lmforge.tokenizers.published import load_tokenizer
 
     d = cfg.data
     if d.prepared and not d.tokenizer:
         raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
-    tok_path = Path(d.tokenizer) if d.tokenizer else dest / "tokenizer"
     inputs = [Path(x) for x in d.inputs] or None
-    if not d.tokenizer and not (tok_path / "tokenizer.json").is_file():
-        status(f"training the shared tokenizer in {tok_path}")
-        texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
-        tok = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg))
-        tok.save(tok_path)
-    tok = Tokenizer.load(tok_path)
+    if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
+        tok_spec, tok = d.tokenizer, load_tokenizer(d.tokenizer)
+    else:
+        tok_spec = str(dest / "tokenizer")
+        if not (dest / "tokenizer" / "tokenizer.json").is_file():
+            status(f"training the shared tokenizer in {tok_spec}")
+            texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
+            trained = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg))
+            trained.save(dest / "tokenizer")
+        tok = Tokenizer.load(dest / "tokenizer")
     data = Path(d.prepared) if d.prepared else dest / "data"
     if not (data / "meta.json").is_file():
         if d.prepared:
@@ -60,6 +64,6 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
         prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed)
     meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
     return {
-        "data.tokenizer": str(tok_path), "data.prepared": str(data), "model.vocab_size": tok.vocab_size,
+        "data.tokenizer": tok_spec, "data.prepared": str(data), "model.vocab_size": tok.vocab_size,
         "train_tokens": int(meta["train"]["n_tokens"]),
     }  # fmt: skip
