@@ -126,3 +126,19 @@ def test_perplexity() -> None:
     assert perplexity(1e6, 1) == math.inf
     with pytest.raises(LMForgeError, match="^perplexity: needs at least one token, got 0$"):
         perplexity(1.0, 0)
+
+
+def test_a_metric_whose_package_is_missing_stops_the_task_before_training(monkeypatch):
+    import importlib.util
+
+    import tasks_testing as T
+
+    import lmforge.tasks  # noqa: F401  (registers the task types)
+    from lmforge.registry import TASKS
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rouge_score" else real(name, *a))
+    cls = TASKS.get("seq2seq")
+    with pytest.raises(LMForgeError, match="metric 'rouge1' needs the rouge-score package.*pip install rouge-score"):
+        cls(cls.Options(metrics=["rouge1", "rougeL"]), T.tokenizer("t5"))
+    cls(cls.Options(metrics=["bleu"]), T.tokenizer("t5"))  # sacrebleu is there

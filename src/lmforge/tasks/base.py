@@ -16,6 +16,7 @@ from lmforge.objectives.base import LossOutput
 from lmforge.tasks.examples import Dataset
 from lmforge.tasks.inputs import Format, add_task_tokens, batches, collate, make_framer, resolve_format
 from lmforge.tasks.model import TaskModel, TaskOutput
+from lmforge.tasks.scoring import require_metric_packages, score
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Task:
     def __init__(self, options: Any, tokenizer, labels: list[str] | None = None) -> None:
         self.options, self.tokenizer = options, tokenizer
         self.labels = labels
+        require_metric_packages(self.metric_names)  # now, not after training
         self.n_truncated = 0
         """Examples whose input was cut to max_len so far (task.overlong=truncate)."""
         if self.needs_labels and not labels:
@@ -147,7 +149,6 @@ class Task:
     @torch.no_grad()
     def evaluate(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> dict[str, float]:
         """The task's metrics on a labelled split."""
-        from lmforge.tasks.scoring import score
 
         preds = self.predict_all(model, dataset, batch_size)
         return score(self.metric_names, preds, self.gold(dataset))

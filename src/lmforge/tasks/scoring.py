@@ -10,6 +10,20 @@ from lmforge.errors import LMForgeError
 SINGLE = ("accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman")
 ROUGE = ("rouge1", "rouge2", "rougeL")
 NAMES = (*SINGLE, *ROUGE, "bleu")
+PACKAGES = {**dict.fromkeys(ROUGE, ("rouge_score", "rouge-score")), "bleu": ("sacrebleu", "sacrebleu")}
+"""Metric → (module, the package that installs it), for the metrics computed by a library."""
+
+
+def require_metric_packages(names: list[str]) -> None:
+    """One line naming the missing package when a metric's library is not installed (checked before training)."""
+    from importlib.util import find_spec
+
+    for name in names:
+        module, package = PACKAGES.get(name, (None, None))
+        if module and find_spec(module) is None:
+            raise LMForgeError(
+                f"metric '{name}' needs the {package} package, which is not installed: pip install {package}"
+            )
 
 
 def score(names: list[str], preds: list, golds: list) -> dict[str, float]:
