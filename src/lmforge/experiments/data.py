@@ -49,13 +49,13 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
         tok_spec, tok = d.tokenizer, load_tokenizer(d.tokenizer)
     else:
-        tok_spec = str(dest / "tokenizer")
-        if not (dest / "tokenizer" / "tokenizer.json").is_file():
-            status(f"training the shared tokenizer in {tok_spec}")
+        tok_dir = dest / "tokenizer"
+        if not (tok_dir / "tokenizer.json").is_file():
+            status(f"training the shared tokenizer in {tok_dir}")
             texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
             trained = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg))
-            trained.save(dest / "tokenizer")
-        tok = Tokenizer.load(dest / "tokenizer")
+            trained.save(tok_dir)
+        tok_spec, tok = str(tok_dir), Tokenizer.load(tok_dir)
     data = Path(d.prepared) if d.prepared else dest / "data"
     if not (data / "meta.json").is_file():
         if d.prepared:
