@@ -147,8 +147,10 @@ def test_scaling_sweep_end_to_end_with_skip_and_resume(tmp_path):
 
     r = run_cli("scaling", str(path), "--jobs", "2")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "[1/6] starting L2-d64-D10240" in r.stderr  # the costliest arm first
     report = (out / "scaling.md").read_text()
     assert "## L(N, D) = E + A / N^α + B / D^β" in report and "| L1-d32-D2560 |" in report
+    assert report.index("| L1-d32-D2560 |") < report.index("| L2-d64-D10240 |")  # the table in the sweep's order
     data = json.loads((out / "scaling.json").read_text())
     assert len(data["points"]) == 6 and {"E", "alpha", "beta", "a", "b"} <= set(data["surface"])
     for p in data["points"]:

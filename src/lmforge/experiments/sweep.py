@@ -214,7 +214,10 @@ def cmd_scaling(
             f"warning: {len(repeated)} arms see their training data more than once ({worst.name}: "
             f"{worst.info['epochs']:.1f} epochs); give a larger corpus with --data.prepared and --data.tokenizer"
         )
-    results = run_arms(arms, jobs=jobs, devices=devices)
+    # The costliest arms first: with --jobs, the sweep then ends on short arms instead of waiting on one long one.
+    by_cost = sorted(arms, key=lambda a: -a.info["flops_per_token"] * a.info["D"])
+    done = {r.arm.name: r for r in run_arms(by_cost, jobs=jobs, devices=devices)}
+    results = [done[a.name] for a in arms]  # the report in the sweep's order
     check_all_finished(results)
     pts = points(results, sweep.fit.params, sweep.fit.compute)
     analysis = analyse(pts, sweep.fit)
