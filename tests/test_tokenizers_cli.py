@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,18 @@ def test_cmd_train_writes_tokenizer_and_summary(corpus_files: list[Path], tmp_pa
     assert tok.decode(tok.encode("caf\ufffd")) == "caf\ufffd"
 
 
+def test_cmd_train_reads_compressed_files_as_data_prepare_does(corpus_files: list[Path], tmp_path: Path) -> None:
+    """A .jsonl.xz / .txt.gz corpus gives the vocabulary of its decompressed text, not one learned from its bytes."""
+    packed = [tmp_path / "prose.txt.gz", tmp_path / "prose.jsonl.xz"]
+    packed[0].write_bytes(gzip.compress(corpus_files[0].read_bytes()))
+    packed[1].write_bytes(lzma.compress(corpus_files[1].read_bytes()))
+    plain = cmd_train(corpus_files, tmp_path / "a", "bpe", 400)
+    compressed = cmd_train(packed, tmp_path / "b", "bpe", 400)
+    assert compressed["chars"] == plain["chars"]
+    vocab = [json.loads((tmp_path / d / "tokenizer.json").read_text())["model"]["vocab"] for d in "ab"]
+    assert vocab[0] == vocab[1]
+
+
 def test_cmd_train_wordpiece_default_family(corpus_files: list[Path], tmp_path: Path) -> None:
     summary = cmd_train(corpus_files, tmp_path / "wp", "wordpiece", 300)
     assert (summary["family"], summary["vocab_size"]) == ("bert", 300)
@@ -74,6 +88,8 @@ def test_cmd_train_wordpiece_default_family(corpus_files: list[Path], tmp_path: 
             lambda d: [_write(d / "nt.jsonl", '{"body": "x"}\n')],
             "{d}/nt.jsonl:1: expected an object with a string 'text' field",
         ),
+        (lambda d: [_write_bytes(d / "data.bin", bytes(range(256)) * 4)], "{d}/data.bin: binary file"),
+        (lambda d: [_write_bytes(d / "c.jsonl.xz", b"not xz data")], "{d}/c.jsonl.xz: cannot read"),
     ],
 )
 def test_cmd_train_input_errors(setup, message: str, tmp_path: Path) -> None:
@@ -139,3 +155,8 @@ def test_cmd_encode_missing_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(LMForgeError) as err:
         cmd_encode(tmp_path / "none", text="hi")
     assert str(err.value) == f"cannot load tokenizer: {tmp_path / 'none'} does not exist"
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

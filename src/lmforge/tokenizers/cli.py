@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import io
 import itertools
 import json
+import lzma
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,26 +29,37 @@ def check_input_file(path: Path) -> Path:
 
 
 def iter_texts(path: Path) -> Iterator[str]:
-    """Texts of a file: lines of plain text, or the "text" field of each JSON line of a ``.jsonl`` file.
+    """Texts of a file: lines of plain text, or the "text" field of each JSON line of a ``.jsonl`` file; ``.gz``
+    and ``.xz`` files are decompressed first (as ``data prepare`` reads them), and a file that is not text is
+    refused rather than learned from.
 
     Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run.
     """
-    # newline="" keeps "\r\n" and "\n" as written, so the vocabulary sees the real line endings.
-    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
-        if path.suffix.lower() != ".jsonl":
-            yield from fh
-            return
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise LMForgeError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise LMForgeError(f"{path}:{lineno}: expected an object with a string 'text' field")
-            yield text
+    from lmforge.data.readers import COMPRESSED, check_text
+    from lmforge.tasks.readers import open_binary
+
+    jsonl = [s.lower() for s in path.suffixes if s.lower() not in COMPRESSED][-1:] == [".jsonl"]
+    try:
+        with open_binary(path) as raw:
+            check_text(raw.peek(1 << 16)[: 1 << 16], path)  # what is buffered: enough to tell text from binary
+            # newline="" keeps "\r\n" and "\n" as written, so the vocabulary sees the real line endings.
+            fh = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+            if not jsonl:
+                yield from fh
+                return
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise LMForgeError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+                text = record.get("text") if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    raise LMForgeError(f"{path}:{lineno}: expected an object with a string 'text' field")
+                yield text
+    except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
+        raise LMForgeError(f"{path}: cannot read ({e})") from e
 
 
 def cmd_train(
