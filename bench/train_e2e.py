@@ -88,13 +88,17 @@ def _cold_cache(log: Path) -> dict[str, str]:
 
 
 def _cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> float:
-    """Run `lmforge ...` in a subprocess (its output to `log`); wall seconds."""
+    """Run `lmforge ...` in a subprocess; wall seconds. Its output goes to `log`, each line stamped with the seconds
+    since the start, which shows where a run's fixed costs go (startup, compilation, evaluation, the final save)."""
+    env = {**(env or os.environ), "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                            env=env).returncode  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(f"lmforge {' '.join(args[:2])} failed (exit {rc}); see {log}")
+    cmd = [sys.executable, "-m", "lmforge.cli", *args]
+    with open(log, "w") as f, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                               text=True) as p:  # fmt: skip
+        for line in p.stdout:
+            f.write(f"[{time.perf_counter() - t0:7.2f} s] {line}")
+    if p.returncode != 0:
+        raise RuntimeError(f"lmforge {' '.join(args[:2])} failed (exit {p.returncode}); see {log}")
     return time.perf_counter() - t0
 
 

@@ -39,3 +39,6 @@ def test_ablation_runs_each_named_arm_and_writes_its_rows(tmp_path):
     assert all(r["steps"] == 4 and 0 < r["val_loss"] < 10 and r["ms_per_step"] > 0 for r in rows)
     config = (tmp_path / "work" / "ablation-1" / "config.yaml").read_text()
     assert "activation: gelu_tanh" in config and "max_steps: 4" in config
+    log = (tmp_path / "work" / "ablation-1.log").read_text().splitlines()
+    stamps = [float(line[1:].split(" s]")[0]) for line in log]  # every line: "[seconds since the start s] ..."
+    assert stamps == sorted(stamps) and any("run saved in" in line for line in log)

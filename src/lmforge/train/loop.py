@@ -132,6 +132,7 @@ class Loop:
         self.step_fn: nn.Module = LossStep(self.model, loss_fn)
         if cfg.compile and not parallel.compiles_blocks(cfg):
             self.step_fn = torch.compile(self.step_fn, mode=cfg.compile_mode)
+        self.cuda_graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
         self.sharded = ShardedCheckpoints(dist, cfg.async_save) if parallel.is_sharded(model) else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg, device)
@@ -206,7 +207,8 @@ class Loop:
     # --- one step -----------------------------------------------------------------------------------------------
 
     def _micro_step(self, batch: Batch, last: bool) -> Tensor:
-        torch.compiler.cudagraph_mark_step_begin()  # with CUDA graphs: the last replay's outputs may be reused
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs may be reused
         data = {k: v.to(self.device, non_blocking=True) for k, v in batch.data.items()}
         with parallel.no_sync(self.model, last):
             with self.autocast:
