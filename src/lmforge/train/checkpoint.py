@@ -38,6 +38,7 @@ import shutil
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -225,9 +226,16 @@ def _write_contents(
     tensors, aliases = _tensors_to_save(model)
     save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", _TIED_META: json.dumps(aliases)})
     del tensors
+    known: dict[str, dict] = {}
     if train_state is not None:
-        write_train_state(tmp, train_state)
-    write_manifest(tmp, step)
+        # The weights are hashed (and fsynced) in a second thread while the training state is written: hashing and
+        # file writes release the GIL, so a large checkpoint's two halves overlap.
+        with ThreadPoolExecutor(1) as pool:
+            weights = pool.submit(hash_file, tmp / WEIGHTS_FILE, True)
+            write_train_state(tmp, train_state)
+            size, digest = weights.result()
+        known[WEIGHTS_FILE] = {"size": size, "sha256": digest}
+    write_manifest(tmp, step, known)
 
 
 def write_side_files(tmp: Path, config: dict, tokenizer: Tokenizer | None) -> None:
