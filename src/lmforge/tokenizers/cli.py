@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import itertools
 import json
@@ -29,16 +28,16 @@ def check_input_file(path: Path) -> Path:
 
 
 def iter_texts(path: Path) -> Iterator[str]:
-    """Texts of a file: lines of plain text, or the "text" field of each JSON line of a ``.jsonl`` file; ``.gz``
-    and ``.xz`` files are decompressed first (as ``data prepare`` reads them), and a file that is not text is
-    refused rather than learned from.
+    """Texts of a file: lines of plain text, or the "text" field of each JSON line of a ``.jsonl`` file; ``.gz``,
+    ``.xz`` and ``.bz2`` files are decompressed first, and a file that is not text is refused rather than learned
+    from.
 
     Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run.
     """
-    from lmforge.data.readers import COMPRESSED, check_text
+    from lmforge.data.readers import check_text
     from lmforge.tasks.readers import open_binary
 
-    jsonl = [s.lower() for s in path.suffixes if s.lower() not in COMPRESSED][-1:] == [".jsonl"]
+    jsonl = [s.lower() for s in path.suffixes if s.lower() not in (".gz", ".xz", ".bz2")][-1:] == [".jsonl"]
     try:
         with open_binary(path) as raw:
             check_text(raw.peek(1 << 16)[: 1 << 16], path)  # what is buffered: enough to tell text from binary
@@ -58,7 +57,7 @@ def iter_texts(path: Path) -> Iterator[str]:
                 if not isinstance(text, str):
                     raise LMForgeError(f"{path}:{lineno}: expected an object with a string 'text' field")
                 yield text
-    except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
+    except (EOFError, lzma.LZMAError, OSError) as e:  # a truncated or corrupt archive, an unreadable file
         raise LMForgeError(f"{path}: cannot read ({e})") from e
 
 
