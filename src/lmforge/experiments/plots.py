@@ -64,10 +64,13 @@ def scaling_figure(
 
 
 def _axes(ax, xlabel: str, ylabel: str, title: str) -> None:
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
     ax.set_xscale("log")
     ax.set_yscale("log")
+    lo, hi = ax.get_xlim()
+    if hi / lo > 10:  # a power of ten is labelled: labels at 2×, 3×, ... would overlap
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if "loss" in ylabel:  # losses span a few tenths: plain numbers read better than powers of ten
         ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
         ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
