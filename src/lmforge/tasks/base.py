@@ -149,7 +149,6 @@ class Task:
     @torch.no_grad()
     def evaluate(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> dict[str, float]:
         """The task's metrics on a labelled split."""
-
         preds = self.predict_all(model, dataset, batch_size)
         return score(self.metric_names, preds, self.gold(dataset))
 
