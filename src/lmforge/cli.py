@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
@@ -505,5 +507,22 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
+def entry() -> None:
+    """The console script: `main()`, then the library exit handlers, then the process ends without tearing the
+    interpreter down object by object (after a GPU run that teardown — the CUDA caching allocator, pinned buffers,
+    compiled graphs — takes seconds; the operating system frees it all at once)."""
+    code = main()
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
