@@ -12,6 +12,7 @@ import torch
 from lmforge.errors import LMForgeError
 from lmforge.train import metrics as mx
 from lmforge.train.metrics import (
+    BackgroundPlot,
     MetricsLogger,
     Progress,
     flops_per_token,
@@ -114,6 +115,23 @@ def test_plot_writes_png_files(tmp_path):
         data = path.read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 1000
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["loss.png", "lr.png"]
+
+
+def test_a_background_plot_draws_the_log_as_it_was_and_hands_back_its_error(tmp_path, monkeypatch):
+    with MetricsLogger(tmp_path) as log:
+        for step in range(1, 11):
+            log.log(step, train_loss=5.0 / step)
+        plot = BackgroundPlot(tmp_path)
+        log.log(11, val_loss=1.0)  # written after the plot started: not in it
+    assert plot.wait() == [tmp_path / "plots" / "loss.png"]
+    assert [r["step"] for r in plot.records] == list(range(1, 11))
+
+    def broken(run_dir, records=None):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("lmforge.train.metrics.plot_metrics", broken)
+    with pytest.raises(OSError, match="disk full"):
+        BackgroundPlot(tmp_path).wait()
 
 
 def test_plot_with_nothing_to_plot(tmp_path):

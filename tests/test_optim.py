@@ -10,6 +10,7 @@ import torch
 from lmforge.config import TrainConfig
 from lmforge.models import Transformer, get_preset
 from lmforge.train.optim import Muon, Schedule, build_optimizer, lr_factor, muon_params
+from lmforge.train.parallel import clip_scale, grad_norm
 
 
 def test_muon_updates_are_nearly_orthogonal_and_batched_alike():
@@ -35,6 +36,33 @@ def test_a_step_flagged_non_finite_changes_nothing(optimizer):
     opt.step(found_inf=torch.tensor(0.0))
     changed = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
     assert "decoder.blocks.0.attn.qkv.weight" in changed and "tok_emb.weight" in changed
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_clipping_inside_the_step_equals_clipping_the_gradients_first(optimizer):
+    def stepped(clip_in_step: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = Transformer(get_preset("gpt-fast-tiny"))
+        opt = build_optimizer(model, TrainConfig(optimizer=optimizer, lr=1e-2, muon_lr=0.05), torch.device("cpu"))
+        for _ in range(2):
+            for p in model.parameters():
+                p.grad = torch.randn_like(p) * 3
+            params = list(model.parameters())
+            if clip_in_step:
+                norm = grad_norm(params, torch.device("cpu"))
+                opt.step(found_inf=torch.tensor(0.0), grad_scale=clip_scale(norm, 0.5))
+            else:
+                assert float(torch.nn.utils.clip_grad_norm_(params, 0.5)) > 0.5  # the clip is active
+                opt.step(found_inf=torch.tensor(0.0))
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    reference, folded = stepped(False), stepped(True)
+    model = Transformer(get_preset("gpt-fast-tiny"))
+    ids = {id(p) for p in muon_params(model)} if optimizer == "muon" else set()
+    orthogonalised = {k for k, p in model.named_parameters() if id(p) in ids}
+    for k, v in reference.items():  # Muon's bf16 Newton–Schulz rounds gradients divided vs multiplied apart
+        torch.testing.assert_close(folded[k], v, rtol=1e-5, atol=2e-3 if k in orthogonalised else 1e-6)
+    assert clip_scale(torch.tensor(0.2), 0.5) == 1.0 and clip_scale(torch.tensor(1.0), 0.0) is None
 
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():

@@ -79,6 +79,11 @@ class Tokenizer(Protocol):
     def save(self, directory: Path) -> Any: ...
 
 
+def is_sharded(path: Path) -> bool:
+    """Whether checkpoint dir `path` holds sharded (DCP) weights (read by train/dcp.py)."""
+    return (Path(path) / SHARDS_METADATA).is_file()
+
+
 def _normalize_keys(keys: list[str]) -> dict[str, str]:
     """Map each state-dict key to its wrapper-free name.
 
@@ -425,7 +430,7 @@ def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, to
     """All weights of a checkpoint by name; tied names map to the same tensor. A sharded checkpoint's weights are
     consolidated here, in this process."""
     path = Path(ckpt) / WEIGHTS_FILE
-    if not path.is_file() and (Path(ckpt) / SHARDS_METADATA).is_file():
+    if not path.is_file() and is_sharded(ckpt):
         from lmforge.train.dcp import read_full_weights
 
         return {k: v.to(device) for k, v in read_full_weights(Path(ckpt)).items()}

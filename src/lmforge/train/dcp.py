@@ -38,11 +38,6 @@ OPTIM_REST = "optim_rest"
 """train_state.pt key: the optimizer's param groups and non-tensor state of a sharded checkpoint."""
 
 
-def is_sharded(path: Path) -> bool:
-    """Whether checkpoint dir `path` holds sharded (DCP) weights."""
-    return (Path(path) / ckpt.SHARDS_METADATA).is_file()
-
-
 # --- what is saved ------------------------------------------------------------------------------------------------
 
 

@@ -26,9 +26,8 @@ from lmforge.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train import parallel
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.dcp import ShardedCheckpoints, is_sharded, load_sharded
 from lmforge.train.distributed import DistInfo, barrier, broadcast_object
-from lmforge.train.metrics import MetricsLogger, Progress, Throughput, plot_metrics
+from lmforge.train.metrics import BackgroundPlot, MetricsLogger, Progress, Throughput, plot_metrics
 from lmforge.train.optim import Schedule, build_optimizer
 from lmforge.train.prefetch import Batch, BatchSource, Prefetcher
 from lmforge.train.rng_state import capture_rng_state, restore_rng_state
@@ -133,7 +132,11 @@ class Loop:
         if cfg.compile and not parallel.compiles_blocks(cfg):
             self.step_fn = torch.compile(self.step_fn, mode=cfg.compile_mode)
         self.cuda_graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
-        self.sharded = ShardedCheckpoints(dist, cfg.async_save) if parallel.is_sharded(model) else None
+        self.sharded = None
+        if parallel.is_sharded(model):
+            from lmforge.train.dcp import ShardedCheckpoints  # torch.distributed.checkpoint: seconds to import
+
+            self.sharded = ShardedCheckpoints(dist, cfg.async_save)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg, device)
         self.schedule = Schedule(self.optimizer, cfg, cfg.max_steps)
@@ -170,14 +173,16 @@ class Loop:
         # The run's config sets every hyper-parameter (a resumed run's --train.lr, betas, weight decay apply
         # from here on); the checkpoint gives the optimizer's state and the step.
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        if is_sharded(path):  # any world size, any parallelism
+        if ckpt.is_sharded(path):  # any world size, any parallelism
+            from lmforge.train.dcp import load_sharded
+
             load_sharded(path, self.raw, self.optimizer, self.spec.saved().weights, state)
         elif self.sharded is not None:
             raise LMForgeError(f"checkpoint {path} was saved by a train.parallel=ddp run: resume it with ddp")
         else:
             ckpt.load_weights(path, self.spec.saved().weights)
         try:
-            if not is_sharded(path):
+            if not ckpt.is_sharded(path):
                 self.optimizer.load_state_dict(state["optimizer"])
             for group, hyper in zip(self.optimizer.param_groups, fresh):
                 group.update(hyper)
@@ -221,11 +226,13 @@ class Loop:
         c = self.cfg
         losses = [self._micro_step(next(self.batches), i == c.grad_accum - 1) for i in range(c.grad_accum)]
         loss = torch.stack(losses).mean()
-        gnorm = parallel.clip_grad_norm(self.params, c.grad_clip, loss.device)  # over every rank's shards
+        gnorm = parallel.grad_norm(self.params, loss.device)  # over every rank's shards
         bad = (~(torch.isfinite(loss) & torch.isfinite(gnorm))).float()
         if self.dist.enabled:  # every rank must skip the same steps, or their weights would drift apart
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        self.optimizer.step(found_inf=bad)
+        # Clipping happens inside the optimizer step (fused AdamW divides each gradient as it reads it), which
+        # saves a pass over every gradient.
+        self.optimizer.step(found_inf=bad, grad_scale=parallel.clip_scale(gnorm, c.grad_clip))
         self.optimizer.zero_grad()
         self.schedule.step()
         self.step += 1
@@ -384,6 +391,7 @@ class Loop:
         if c.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
         self.model.train()
+        plot: BackgroundPlot | None = None
         try:
             with StopRequest() as stop:
                 while self.step < c.max_steps:
@@ -399,6 +407,8 @@ class Loop:
                     with self.clock.paused():
                         if evaluate:
                             self._evaluate()
+                        if self.step == c.max_steps and self.dist.is_main:  # drawn while the last save is written
+                            plot = BackgroundPlot(self.run_dir)
                         if save or signum or self.done_early:
                             self.save()
                     if signum:
@@ -419,7 +429,7 @@ class Loop:
                 self.progress.close()
         if self.dist.is_main:
             try:
-                plot_metrics(self.run_dir)
+                plot.wait() if plot is not None else plot_metrics(self.run_dir)
             except Exception as e:  # noqa: BLE001 — a plotting problem must not lose a finished run
                 print(f"warning: could not plot metrics: {e}", file=sys.stderr)
         return self.last_eval

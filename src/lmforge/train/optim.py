@@ -137,12 +137,21 @@ class Optimizers:
     def param_groups(self) -> list[dict]:
         return [g for opt in self.optimizers.values() for g in opt.param_groups]
 
-    def step(self, found_inf: Tensor | None = None) -> None:
+    def step(self, found_inf: Tensor | None = None, grad_scale: Tensor | None = None) -> None:
+        """One step of each optimizer, skipped on the device where `found_inf` (0-d) is non-zero, with every
+        gradient divided by `grad_scale` (0-d, clipping): by fused AdamW as it reads them, by the others first."""
         for opt in self.optimizers.values():
             first = next((p for g in opt.param_groups for p in g["params"]), None)
-            if found_inf is not None and first is not None and found_inf.device != first.device:
-                found_inf = found_inf.to(first.device)  # parameters offloaded to the CPU (fsdp cpu_offload)
-            opt.found_inf, opt.grad_scale = found_inf, None
+            if first is None:
+                continue
+            # Parameters may sit on another device than the step's flags (fsdp cpu_offload).
+            flag = found_inf.to(first.device) if found_inf is not None else None
+            scale = grad_scale.to(first.device) if grad_scale is not None else None
+            if scale is not None and not (isinstance(opt, torch.optim.AdamW) and opt.defaults.get("fused")):
+                grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+                torch._foreach_div_(grads, scale)
+                scale = None
+            opt.found_inf, opt.grad_scale = flag, scale
             opt.step()
             del opt.found_inf, opt.grad_scale
 

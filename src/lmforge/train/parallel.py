@@ -197,8 +197,9 @@ def no_sync(model: nn.Module, last: bool) -> AbstractContextManager:
     return nullcontext()
 
 
-def clip_grad_norm(params: list[Tensor], max_norm: float, device: torch.device) -> Tensor:
-    """The global gradient norm (over every rank's shards) on `device`, clipping to `max_norm` when > 0."""
+def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
+    """The global gradient norm (over every rank's shards) on `device`; clipping is the optimizer's (see
+    `clip_scale` and `Optimizers.step`)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=device)
@@ -208,14 +209,19 @@ def clip_grad_norm(params: list[Tensor], max_norm: float, device: torch.device) 
         local = torch.nn.utils.get_total_norm([g.to_local() for g in grads], 2.0, foreach=True)
         squares = local.to(device) ** 2
         dist.all_reduce(squares)
-        norm = squares.sqrt()
-    else:
-        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-        if is_dtensor(norm):
-            norm = norm.full_tensor()
-    if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.to(grads[0].device), foreach=True)
+        return squares.sqrt()
+    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    if is_dtensor(norm):
+        norm = norm.full_tensor()
     return norm.to(device, non_blocking=True)
+
+
+def clip_scale(norm: Tensor, max_norm: float) -> Tensor | None:
+    """What the gradients are divided by to clip them to `max_norm` (≥ 1; None when max_norm ≤ 0), as
+    `torch.nn.utils.clip_grads_with_norm_` scales them."""
+    if max_norm <= 0:
+        return None
+    return ((norm.float() + 1e-6) / max_norm).clamp_(min=1.0)
 
 
 def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
