@@ -122,7 +122,9 @@ def test_cli_declared_label_error(tmp_path: Path) -> None:
 
 def test_cli_seq2seq_from_a_table_of_pairs(tmp_path: Path) -> None:
     _jsonl(tmp_path / "pairs.jsonl", [{"en": en, "es": es} for en, es in PAIRS])
+    _jsonl(tmp_path / "test.jsonl", [{"en": en, "es": es} for en, es in PAIRS[:3]])
     args = ["finetune", "sst2-t5", "--task.type=seq2seq", "--data.source=table", "--data.train=pairs.jsonl"]
+    args += ["--data.test=test.jsonl"]
     args += ["--data.text_field=en", "--data.target_field=es", "--task.metrics=[bleu]", "--train.max_steps=2"]
     args += ["--model.vocab_size=150", "--task.num_beams=1", "--task.max_new_tokens=4", "--run.dir=run"]
     out = _cli(args, tmp_path)
@@ -130,4 +132,6 @@ def test_cli_seq2seq_from_a_table_of_pairs(tmp_path: Path) -> None:
     assert "dropped the recipe keys that seq2seq does not have: task.label_words, task.scoring" in out.stderr
     dev = [line for line in out.stdout.splitlines() if line.startswith("dev (best checkpoint)")]
     assert len(dev) == 1 and "(copy-the-input baseline: bleu " in dev[0]
-    assert (tmp_path / "run" / "eval.json").is_file()
+    test = [line for line in out.stdout.splitlines() if line.startswith("test (best checkpoint)")]
+    assert len(test) == 1 and "(copy-the-input baseline: bleu " in test[0]  # the test split's own floor
+    assert (tmp_path / "run" / "eval.json").is_file() and (tmp_path / "run" / "eval_test.json").is_file()

@@ -42,14 +42,22 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], res
     final = tuner.fit()
     if not main:  # rank 0 reports
         return final
-    line = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
-    baseline = majority_baseline(tuner.splits["train"], tuner.splits["dev"])
-    extra = f" (majority-class baseline: accuracy {baseline:.4f})" if baseline is not None else ""
-    for name, scores in tuner.task.baselines(tuner.splits["dev"]).items():
-        extra += f" ({name} baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + ")"
-    print(f"dev (best checkpoint): {line}{extra}")
+    print(f"dev (best checkpoint): {_scores_line(tuner, 'dev', final)}")
+    if tuner.tested is not None:  # a labelled test split
+        print(f"test (best checkpoint): {_scores_line(tuner, 'test', tuner.tested)}")
     print(f"run saved in {tuner.run_dir}")
     return final
+
+
+def _scores_line(tuner, split: str, scores: dict[str, float]) -> str:
+    """`scores` of `split`, with the baselines of that split beside them."""
+    line = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
+    baseline = majority_baseline(tuner.splits["train"], tuner.splits[split])
+    if baseline is not None:
+        line += f" (majority-class baseline: accuracy {baseline:.4f})"
+    for name, base in tuner.task.baselines(tuner.splits[split]).items():
+        line += f" ({name} baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in base.items()) + ")"
+    return line
 
 
 def majority_baseline(train, dev) -> float | None:

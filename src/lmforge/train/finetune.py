@@ -82,6 +82,7 @@ class FineTuner:
 
     def __init__(self, cfg: FinetuneConfig, resume: bool = False) -> None:
         self.cfg, self.run_dir = cfg, Path(cfg.run.dir)
+        self.tested: dict[str, float] | None = None  # the test split's metrics, set by finish()
         self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
         self.device = pick_device(cfg.train.device, self.dist)
         self.lock = lock_run_dir(self.run_dir, self.dist)
@@ -202,6 +203,7 @@ class FineTuner:
         final = self.evaluate("dev")
         test = self.splits.get("test")
         tested = self.evaluate("test") if test is not None and _labelled(test) else None
+        self.tested = tested
         if not self.dist.is_main:
             return {}
         write_json(self.run_dir / "eval.json", final)
