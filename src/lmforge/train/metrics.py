@@ -152,16 +152,15 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def plot_metrics(run_dir: Path, records: list[dict] | None = None) -> list[Path]:
-    """Write ``plots/loss.png`` (train and validation loss vs step) and ``plots/lr.png`` when logged, from
-    `records` (default: the run's metrics log as it is now).
+def plot_metrics(run_dir: Path) -> list[Path]:
+    """Write ``plots/loss.png`` (train and validation loss vs step) and ``plots/lr.png`` when logged.
 
     Returns the files written; empty when the log holds nothing to plot.
     """
     # Figure without pyplot: no global backend switch, no GUI, safe in threads and headless jobs.
     from matplotlib.figure import Figure
 
-    records = read_metrics(run_dir) if records is None else records
+    records = read_metrics(run_dir)
     out_dir = Path(run_dir) / PLOTS_DIR
     written = []
     train_key = "train_loss" if any("train_loss" in r for r in records) else "loss"
@@ -191,19 +190,19 @@ def plot_metrics(run_dir: Path, records: list[dict] | None = None) -> list[Path]
 
 
 class BackgroundPlot:
-    """`plot_metrics` of the log as it is now, drawn in a thread (the first plot on a machine also builds
-    matplotlib's font cache: seconds), so that a run's final checkpoint is written meanwhile; `wait()` returns
-    the files or raises what the plotting raised."""
+    """`plot_metrics` drawn in a thread (the first plot on a machine also builds matplotlib's font cache: seconds),
+    so that a run's final checkpoint is written meanwhile; `wait()` returns the files or raises what the plotting
+    raised."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.records, self.run_dir = read_metrics(run_dir), Path(run_dir)
+        self.run_dir = Path(run_dir)
         self.result: list[Path] | BaseException = []
         self.thread = threading.Thread(target=self._draw, name="lmforge-plot", daemon=True)
         self.thread.start()
 
     def _draw(self) -> None:
         try:
-            self.result = plot_metrics(self.run_dir, self.records)
+            self.result = plot_metrics(self.run_dir)
         except BaseException as e:  # noqa: BLE001 — handed to wait()
             self.result = e
 
