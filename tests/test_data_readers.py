@@ -67,6 +67,18 @@ def test_directory_skips_hidden_and_unknown_files(tmp_path: Path) -> None:
     assert list(read_documents([tmp_path])) == ["nested"]
 
 
+def test_a_fetched_corpus_by_name(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "cache" / "data" / "all-english"
+    corpus.mkdir(parents=True)
+    (corpus / "docs.jsonl.xz").write_bytes(lzma.compress(_jsonl(["one", "two"])))
+    assert list(read_documents(["fetched:all-english"])) == ["one", "two"]
+    with pytest.raises(LMForgeError) as e:
+        list(read_documents(["fetched:brown"]))
+    where = tmp_path / "cache" / "data" / "brown"
+    assert str(e.value) == f"fetched:brown: not fetched yet (run: lmforge data fetch brown; looked in {where})"
+
+
 def test_non_utf8_bytes_are_replaced_and_counted(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_bytes(b"caf\xe9 and na\xefve \xff\xfe ok")
     (tmp_path / "b.jsonl").write_bytes(b'{"text": "bad \x80 byte"}\n')

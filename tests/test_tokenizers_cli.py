@@ -66,6 +66,18 @@ def test_cmd_train_reads_compressed_files_as_data_prepare_does(corpus_files: lis
     assert vocab[0] == vocab[1]
 
 
+def test_cmd_train_reads_a_fetched_corpus_by_name(corpus_files: list[Path], tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "cache" / "data" / "prose"
+    corpus.mkdir(parents=True)
+    (corpus / "docs.jsonl").write_bytes(corpus_files[1].read_bytes())
+    (corpus / "fetch.json").write_text("{}")
+    by_name = cmd_train(["fetched:prose"], tmp_path / "a", "bpe", 400)
+    assert by_name["chars"] == cmd_train([corpus_files[1]], tmp_path / "b", "bpe", 400)["chars"]
+    with pytest.raises(LMForgeError, match=r"^fetched:verse: not fetched yet \(run: lmforge data fetch verse;"):
+        cmd_train(["fetched:verse"], tmp_path / "c", "bpe", 400)
+
+
 def test_cmd_train_wordpiece_default_family(corpus_files: list[Path], tmp_path: Path) -> None:
     summary = cmd_train(corpus_files, tmp_path / "wp", "wordpiece", 300)
     assert (summary["family"], summary["vocab_size"]) == ("bert", 300)

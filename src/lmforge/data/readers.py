@@ -94,10 +94,27 @@ def check_text(data: bytes, path: Path) -> None:
         raise LMForgeError(f"{path}: binary file ({bad / len(sample):.0%} of its first bytes are not text)")
 
 
+FETCHED = "fetched:"
+"""Prefix of an input that names a corpus `lmforge data fetch` built (`fetched:all-english`), wherever the cache is."""
+
+
+def input_path(p: Path | str) -> Path:
+    """An input as a path: `fetched:NAME` → the cache's `data/NAME` dir (which must exist), `~` expanded."""
+    if str(p).startswith(FETCHED):
+        from lmforge.files import cache_root
+
+        name = str(p)[len(FETCHED) :]
+        path = cache_root() / "data" / name
+        if not name or not path.is_dir():
+            raise LMForgeError(f"{p}: not fetched yet (run: lmforge data fetch {name or 'NAME'}; looked in {path})")
+        return path
+    return Path(p).expanduser()
+
+
 def resolve_files(paths: Sequence[Path | str]) -> list[Path]:
     """Expand directories into their readable files (sorted, hidden files skipped); check existence."""
     files: list[Path] = []
-    for p in map(Path, paths):
+    for p in map(input_path, paths):
         if p.is_dir():
             found = [
                 f

@@ -45,7 +45,7 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     d = cfg.data
     if d.prepared and not d.tokenizer:
         raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
-    inputs = [Path(x) for x in d.inputs] or None
+    inputs = list(d.inputs) or None
     if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
         tok_spec, tok = d.tokenizer, load_tokenizer(d.tokenizer)
     else:

@@ -15,9 +15,15 @@ from lmforge.tokenizers.specials import Family, Kind
 from lmforge.tokenizers.train import train_tokenizer
 
 
-def check_input_file(path: Path) -> Path:
-    """``path`` as a Path, or an LMForgeError when it is missing or not a regular file."""
-    path = Path(path)
+def check_input_file(path: Path | str) -> Path:
+    """``path`` as a Path (``fetched:NAME``: that corpus's docs.jsonl), or an LMForgeError when it is missing or not
+    a regular file."""
+    from lmforge.data.readers import FETCHED, input_path
+
+    fetched = str(path).startswith(FETCHED)
+    path = input_path(path)
+    if fetched and (path / "docs.jsonl").is_file():
+        path = path / "docs.jsonl"
     if not path.exists():
         raise LMForgeError(f"input file not found: {path}")
     if path.is_dir():

@@ -48,7 +48,9 @@ def autocast_for(device: torch.device, precision: str):
 def _input_paths(cfg: Config) -> list[Path] | None:
     if not cfg.data.inputs:
         return None
-    paths = [Path(p) for p in cfg.data.inputs]
+    from lmforge.data.readers import input_path
+
+    paths = [input_path(p) for p in cfg.data.inputs]
     for p in paths:
         if not p.exists():
             raise LMForgeError(f"corpus path not found: {p}")
