@@ -33,10 +33,8 @@ def write(tmp_path: Path, data: dict, name: str = "exp.yaml") -> Path:
 
 @pytest.fixture
 def gpu_inputs(tmp_path, monkeypatch):
-    """The working dir the GPU studies expect: .cache/gpu/tok, tok16k, tok-bart16k (small BPEs stand in for theirs)."""
+    """The working dir the GPU studies expect: .cache/gpu/tok (a small BPE stands in for theirs)."""
     tokenizer("bart").save(tmp_path / ".cache" / "gpu" / "tok")
-    tokenizer("gpt").save(tmp_path / ".cache" / "gpu" / "tok16k")
-    tokenizer("bart").save(tmp_path / ".cache" / "gpu" / "tok-bart16k")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
