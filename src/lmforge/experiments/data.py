@@ -39,6 +39,7 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     (`vocab_size`: of a tokenizer trained here, default data.vocab_size). `train_tokens` in the result is the
     corpus's training-split size, not an override."""
     from lmforge.data import load_default_corpus, prepare, read_documents
+    from lmforge.data.readers import resolve_files
     from lmforge.tokenizers import Tokenizer, train_tokenizer
     from lmforge.tokenizers.published import load_tokenizer
 
@@ -46,6 +47,8 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     if d.prepared and not d.tokenizer:
         raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
     inputs = list(d.inputs) or None
+    if inputs:
+        resolve_files(inputs)  # a missing input stops the experiment before anything is trained
     if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
         tok_spec, tok = d.tokenizer, load_tokenizer(d.tokenizer)
     else:
