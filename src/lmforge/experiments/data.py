@@ -46,9 +46,8 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     d = cfg.data
     if d.prepared and not d.tokenizer:
         raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
-    inputs = list(d.inputs) or None
-    if inputs:
-        resolve_files(inputs)  # a missing input stops the experiment before anything is trained
+    # The input files, found once (a missing input stops the experiment before anything is trained).
+    inputs = resolve_files(d.inputs) if d.inputs else None
     if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
         tok_spec, tok = d.tokenizer, load_tokenizer(d.tokenizer)
     else:

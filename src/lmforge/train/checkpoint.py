@@ -80,7 +80,7 @@ class Tokenizer(Protocol):
 
 
 def is_sharded(path: Path) -> bool:
-    """Whether checkpoint dir `path` holds sharded (DCP) weights (read by train/dcp.py)."""
+    """Whether checkpoint dir `path` holds sharded (DCP) weights (written and read by train/dcp.py)."""
     return (Path(path) / SHARDS_METADATA).is_file()
 
 
