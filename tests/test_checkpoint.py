@@ -210,13 +210,15 @@ def test_partially_overlapping_views_are_saved_as_copies(tmp_path):
 
 
 def test_manifest_lists_every_file_with_size_and_hash(tmp_path):
-    ckpt = _save(tmp_path, 3, tokenizer=DirTokenizer(), train_state={"step": 3})
+    # train_state.pt is hashed as it is written (and written without torch.save's per-record CRC-32)
+    ckpt = _save(tmp_path, 3, tokenizer=DirTokenizer(), train_state={"step": 3, "m": torch.arange(5000.0)})
     files = json.loads((ckpt / "manifest.json").read_text())["files"]
     assert set(files) == {"model.safetensors", "config.yaml", "tokenizer.json", "train_state.pt"}
     for rel, entry in files.items():
         assert entry["size"] == (ckpt / rel).stat().st_size
         assert entry["sha256"] == hash_file(ckpt / rel)[1]
     assert verify_checkpoint(ckpt) is None
+    assert torch.equal(load_train_state(ckpt)["m"], torch.arange(5000.0))
 
 
 def test_verify_catches_truncation_missing_file_bad_hash_and_no_manifest(tmp_path):

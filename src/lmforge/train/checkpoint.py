@@ -31,6 +31,7 @@ weights in a single process, so ``lmforge.load``, ``lmforge convert`` and ``run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -39,6 +40,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -237,7 +239,8 @@ def _write_contents(
         # file writes release the GIL, so a large checkpoint's two halves overlap.
         with ThreadPoolExecutor(1) as pool:
             weights = pool.submit(hash_file, tmp / WEIGHTS_FILE, True)
-            write_train_state(tmp, train_state)
+            size, digest = write_train_state(tmp, train_state)
+            known[TRAIN_STATE_FILE] = {"size": size, "sha256": digest}
             size, digest = weights.result()
         known[WEIGHTS_FILE] = {"size": size, "sha256": digest}
     write_manifest(tmp, step, known)
@@ -253,9 +256,46 @@ def write_side_files(tmp: Path, config: dict, tokenizer: Tokenizer | None) -> No
     _write_yaml(tmp / CONFIG_FILE, config)
 
 
-def write_train_state(tmp: Path, train_state: dict) -> None:
-    with open(tmp / TRAIN_STATE_FILE, "wb") as f:
-        torch.save(train_state, f)
+def write_train_state(tmp: Path, train_state: dict) -> tuple[int, str]:
+    """torch.save `train_state` into `tmp`, hashed as it is written and fsynced → (size, sha256 hex).
+
+    The zip format's CRC-32 of each record is left out where torch allows (it took 2.2 s of 2.8 s for 1.3 GB of
+    optimizer state on a 2-core CPU): the manifest's sha256 covers the file."""
+    with open(tmp / TRAIN_STATE_FILE, "wb") as f, _without_zip_crc():
+        out = _HashingWriter(f)
+        torch.save(train_state, out)
+        f.flush()
+        os.fsync(f.fileno())
+    return out.size, out.sha256.hexdigest()
+
+
+class _HashingWriter:
+    """A binary file that hashes what passes through it."""
+
+    def __init__(self, f) -> None:
+        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += memoryview(data).nbytes
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+@contextmanager
+def _without_zip_crc():
+    try:
+        from torch.utils.serialization import config  # torch >= 2.6
+    except ImportError:
+        yield
+        return
+    before, config.save.compute_crc32 = config.save.compute_crc32, False
+    try:
+        yield
+    finally:
+        config.save.compute_crc32 = before
 
 
 def write_manifest(tmp: Path, step: int, known: dict[str, dict] | None = None) -> None:
