@@ -178,3 +178,18 @@ def test_compiling_blocks_compiles_one_graph_for_all_blocks_and_one_for_the_lm_l
         lm_head_loss(model, model(ids, return_logits=False).last_hidden_state[:, :-1], ids[:, 1:])
     assert counters["stats"]["unique_graphs"] == 2
     assert not any("_orig_mod" in k for k in model.state_dict())  # checkpoints keep their plain keys
+
+
+def test_compiling_the_head_compiles_only_the_lm_loss(tmp_path):
+    from torch._dynamo.utils import counters
+
+    eager, _ = _train_losses(tmp_path / "eager")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled, loop = _train_losses(tmp_path / "head", compile=True, compile_scope="head")
+    model = loop.raw
+    assert hasattr(model.lm_loss, "__wrapped__")
+    assert not any(hasattr(m.forward, "__wrapped__") for m in model.modules() if type(m).__name__ == "Block")
+    assert not isinstance(loop.step_fn, torch._dynamo.eval_frame.OptimizedModule)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert compiled == pytest.approx(eager, rel=1e-4)

@@ -24,10 +24,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # x · rsqrt(mean(x²) + eps) in float32 as one kernel (eager: half the time of the five-op expression forward
+        # and backward on a GPU), cast back to x's dtype before the gain, as Llama and T5 do.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:

@@ -129,7 +129,7 @@ class Loop:
         # One module of the model and its loss, so torch.compile sees (and fuses) the LM head and the cross-entropy
         # with the forward, as a training step is timed alone (bench/run.py).
         self.step_fn: nn.Module = LossStep(self.model, loss_fn)
-        if cfg.compile and not parallel.compiles_blocks(cfg):
+        if cfg.compile and not parallel.compiles_regions(cfg):
             self.step_fn = torch.compile(self.step_fn, mode=cfg.compile_mode)
         self.cuda_graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
         self.sharded = None

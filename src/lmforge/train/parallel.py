@@ -43,7 +43,7 @@ def check_parallel(cfg: LoopConfig) -> None:
 def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> nn.Module:
     """Apply activation checkpointing, compile and DDP or FSDP to `model` → the module the loop calls.
 
-    With cfg.compile, each block is compiled here under fsdp or compile_scope=blocks; otherwise the loop compiles
+    With cfg.compile, regions are compiled here under fsdp or compile_scope=blocks|head; otherwise the loop compiles
     the model together with its loss. fsdp shards `model` in place (the returned module is `model` itself); ddp
     wraps it. Build the optimizer afterwards: under fsdp its parameters are the shards."""
     check_parallel(cfg)
@@ -51,7 +51,7 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
     if cfg.activation_checkpointing:
         for block in blocks:
             _checkpoint_forward(block)
-    if cfg.compile and compiles_blocks(cfg):
+    if cfg.compile and compiles_regions(cfg):
         compile_regions(model, blocks, cfg)
     if cfg.parallel == "fsdp":
         shard(model, cfg, dist_info, device)
@@ -62,19 +62,20 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
     return model
 
 
-def compiles_blocks(cfg: LoopConfig) -> bool:
-    """Whether train.compile compiles each block on its own (else the loop compiles the model with its loss)."""
-    return cfg.parallel == "fsdp" or cfg.compile_scope == "blocks"
+def compiles_regions(cfg: LoopConfig) -> bool:
+    """Whether train.compile compiles regions of the model here (else the loop compiles the model with its loss)."""
+    return cfg.parallel == "fsdp" or cfg.compile_scope in ("blocks", "head")
 
 
 def compile_regions(model: nn.Module, blocks: list[nn.Module], cfg: LoopConfig) -> None:
-    """Compile each block's forward (blocks of one shape share one graph: Dynamo caches on the code of
-    Block.forward, with the parameters as inputs; FSDP's hooks stay outside it) and, outside fsdp, the LM head
-    with its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary model's
-    elementwise work). The regions are compiled for training steps only: evaluation and generation, under
+    """Compile each block's forward unless compile_scope=head (blocks of one shape share one graph: Dynamo caches
+    on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it) and, outside fsdp,
+    the LM head with its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary
+    model's elementwise work). The regions are compiled for training steps only: evaluation and generation, under
     no_grad, run them eager rather than compiling a second set of graphs."""
-    for block in blocks:
-        block.forward = _compiled_with_grad(block.forward, cfg.compile_mode)
+    if cfg.parallel == "fsdp" or cfg.compile_scope != "head":
+        for block in blocks:
+            block.forward = _compiled_with_grad(block.forward, cfg.compile_mode)
     if cfg.parallel != "fsdp" and hasattr(model, "lm_loss"):
         model.lm_loss = _compiled_with_grad(model.lm_loss, cfg.compile_mode)
 
