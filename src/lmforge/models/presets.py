@@ -50,6 +50,8 @@ preset("gpt-fast-124m", F.GPT_FAST, vocab_size=50304, d_model=768, n_layers=12, 
 preset("gpt-fast-tiny", F.GPT_FAST, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq_len=128)
 # Single-GPU study size (~30M parameters with a 16k vocabulary), paired with `roberta-small`.
 preset("gpt-small", F.GPT2, vocab_size=16384, d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_seq_len=512)
+# GPT-1's shape (12 layers of 768, 512 context; Radford et al. 2018) with the study's 16k vocabulary: 98.0M.
+preset("gpt-base", F.GPT2, vocab_size=16384, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_seq_len=512)
 
 # GPT-3 (Brown et al. 2020 Table 2.1, models/gpt3.py): GPT-2 layers, 2048 context, dense and banded layers alternate.
 for _row in GPT3_SIZES:
