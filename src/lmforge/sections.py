@@ -79,8 +79,9 @@ class LoopConfig:
     compilation: tens of seconds at GPT-2-small size on a GPU); blocks = each transformer block on its own (one
     graph shared by all blocks of a stack, so compilation costs about one block's) and the LM head with its loss,
     for training steps only; head = the LM head with its loss alone (a few seconds: for runs of a few hundred steps,
-    where the vocabulary-sized elementwise work is what eager steps lose most to). parallel=fsdp always compiles
-    blocks (FSDP's hooks stay outside the graphs)."""
+    where the vocabulary-sized elementwise work is what eager steps lose most to; a model without an LM head, such as
+    a classifier, then compiles nothing). parallel=fsdp always compiles blocks (FSDP's hooks stay outside the
+    graphs)."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
     launches (small batches, many layers)."""
