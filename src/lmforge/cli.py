@@ -512,9 +512,12 @@ def entry() -> None:
     interpreter down object by object (after a GPU run that teardown — the CUDA caching allocator, pinned buffers,
     compiled graphs — takes seconds; the operating system frees it all at once)."""
     code = main()
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
+    shutdown = getattr(threading, "_shutdown", None)  # what interpreter shutdown runs first (CPython)
+    if shutdown is None:
+        sys.exit(code)
+    # The threading exit hooks, then every non-daemon thread joined: a ThreadPoolExecutor's workers (torch.compile
+    # keeps one) wait for their hook, so joining them before it would never return. Then the atexit handlers.
+    shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
