@@ -16,7 +16,7 @@ from lmforge.errors import LMForgeError
 from lmforge.experiments.experiment import select
 from lmforge.experiments.plan import plan_experiment
 from lmforge.experiments.results import build_rows, fmt, render, summary_json
-from lmforge.experiments.runner import Arm, ArmResult, arm_command, arm_final, run_arms
+from lmforge.experiments.runner import Arm, ArmResult, arm_command, arm_final, failure_reason, run_arms
 from lmforge.experiments.spec import load_experiment
 from lmforge.objectives import OBJECTIVES
 
@@ -216,6 +216,17 @@ def test_only_selects_runs_and_what_they_need(tmp_path):
     assert len(select(plan, None)) == len(plan.arms) == 8
     with pytest.raises(LMForgeError, match="--only x: no run matches"):
         select(plan, ["x"])
+
+
+def test_a_failed_arm_says_its_error_line_or_the_signal_that_killed_it(tmp_path):
+    log = tmp_path / "arm.log"
+    log.write_text("model gpt-base: 98.03M parameters\nstep 10/2400\n")
+    assert failure_reason(log, -9) == "killed by SIGKILL (out of memory? the kernel's OOM killer sends it)"
+    assert failure_reason(log, -15) == "killed by SIGTERM"
+    assert failure_reason(log, 1) == "step 10/2400"
+    log.write_text("model gpt-base\nerror: train.lr: expected a number\nstep 10\n")
+    assert failure_reason(log, -9) == "error: train.lr: expected a number"
+    assert failure_reason(tmp_path / "missing.log", 2) == "no output"
 
 
 def test_runner_waits_for_and_skips_after_failed_runs(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -142,13 +143,23 @@ def arm_command(arm: Arm) -> list[str]:
     return cmd + (["--resume"] if has_checkpoint(arm.run_dir) else [])
 
 
-def _last_error(log: Path) -> str:
+def failure_reason(log: Path, returncode: int) -> str:
+    """Why an arm's process failed: its last error line; else, killed by a signal, which one (the kernel's OOM killer
+    sends SIGKILL and leaves no line of its own); else its last line."""
     try:
         lines = [x for x in log.read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
     except OSError:
-        return "no log"
+        lines = []
     errors = [x for x in lines if x.startswith("error:")]
-    return (errors or lines or ["no output"])[-1][:300]
+    if errors:
+        return errors[-1][:300]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}" + (" (out of memory? the kernel's OOM killer sends it)" if name == "SIGKILL" else "")
+    return (lines or ["no output"])[-1][:300]
 
 
 def _launch(arm: Arm, device: str | None, threads: str) -> tuple[subprocess.Popen, float]:
@@ -241,7 +252,7 @@ def _fail_orphans(todo: list[Arm], results: dict[str, ArmResult]) -> None:
 def _finish(arm: Arm, returncode: int, seconds: float) -> ArmResult:
     final = arm_final(arm) if returncode == 0 else None
     if final is None:
-        error = _last_error(arm.run_dir / LOG_FILE) if returncode else "finished without its results"
+        error = failure_reason(arm.run_dir / LOG_FILE, returncode) if returncode else "finished without its results"
         status(f"{arm.name}: failed after {seconds:.0f} s: {error}")
         return ArmResult(arm, "failed", None, seconds, error)
     status(f"{arm.name}: {summary(arm, final)} after {seconds:.0f} s")
