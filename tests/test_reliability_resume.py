@@ -267,6 +267,17 @@ def test_resume_with_no_checkpoint_yet_starts_fresh(prepared, tmp_path, capsys):
     assert [r["step"] for r in train_rows(run)] == [1, 2]
 
 
+def test_resume_at_or_past_max_steps_says_there_is_nothing_to_train(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = common(prepared, run, "--train.save_every=2", "--train.eval_every=100")
+    assert cli(capsys, *args, "--train.max_steps=4")[0] == 0
+    rc, err = cli(capsys, "pretrain", f"--run.dir={run}", "--resume", "--train.max_steps=3")
+    assert rc == 0, err
+    note = "note: the run is at step 4 and train.max_steps is 3: nothing to train"
+    assert f"{note} (a larger --train.max_steps continues it)" in err.splitlines()
+    assert [r["step"] for r in train_rows(run)] == [1, 2, 3, 4]
+
+
 def test_unfinished_save_of_a_dead_process_is_ignored_and_removed(prepared, tmp_path, capsys):
     run = tmp_path / "run"
     args = common(prepared, run, "--train.save_every=2", "--train.eval_every=100")

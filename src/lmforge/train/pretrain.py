@@ -123,6 +123,12 @@ class Pretraining:
                     f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})",
                     file=sys.stderr,
                 )
+                if self.loop.step >= t.max_steps:
+                    print(
+                        f"note: the run is at step {self.loop.step} and train.max_steps is {t.max_steps}: nothing "
+                        "to train (a larger --train.max_steps continues it)",
+                        file=sys.stderr,
+                    )
         # Lines an interrupted attempt logged after its checkpoint (or before any checkpoint) are dropped.
         self.log = MetricsLogger(self.run_dir, resume_step=self.loop.step, sinks=t.log_to) if d.is_main else None
         self.loop.log = self.log
