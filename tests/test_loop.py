@@ -159,20 +159,27 @@ def _train_losses(tmp_path, **train) -> tuple[list[float], Loop]:
     return [float(x) for x in losses], loop
 
 
-def test_compiling_blocks_compiles_one_graph_for_all_blocks_and_one_for_the_lm_loss(tmp_path):
+def _compiled_like_eager(tmp_path, scope: str):
+    """Four steps eager and four with train.compile_scope=`scope` from the same start: the same losses → (the
+    compiled run's loop, Dynamo's counters counting from its start)."""
     from torch._dynamo.utils import counters
 
     eager, _ = _train_losses(tmp_path / "eager")
     torch._dynamo.reset()
     counters.clear()
-    compiled, loop = _train_losses(tmp_path / "blocks", compile=True, compile_scope="blocks")
+    compiled, loop = _train_losses(tmp_path / scope, compile=True, compile_scope=scope)
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    return loop, counters
+
+
+def test_compiling_blocks_compiles_one_graph_for_all_blocks_and_one_for_the_lm_loss(tmp_path):
+    loop, counters = _compiled_like_eager(tmp_path, "blocks")
     model = loop.raw
     blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
     assert len(blocks) == 3 and all(hasattr(b.forward, "__wrapped__") for b in blocks)
     assert hasattr(model.lm_loss, "__wrapped__")
     assert not isinstance(loop.step_fn, torch._dynamo.eval_frame.OptimizedModule)  # no whole-step graph
     assert counters["stats"]["unique_graphs"] == 2  # three blocks share one graph; the LM loss is the other
-    assert compiled == pytest.approx(eager, rel=1e-4)
     with torch.no_grad():  # evaluation runs the regions eager: no second set of graphs
         ids = torch.randint(0, 100, (2, 9))
         lm_head_loss(model, model(ids, return_logits=False).last_hidden_state[:, :-1], ids[:, 1:])
@@ -181,15 +188,9 @@ def test_compiling_blocks_compiles_one_graph_for_all_blocks_and_one_for_the_lm_l
 
 
 def test_compiling_the_head_compiles_only_the_lm_loss(tmp_path):
-    from torch._dynamo.utils import counters
-
-    eager, _ = _train_losses(tmp_path / "eager")
-    torch._dynamo.reset()
-    counters.clear()
-    compiled, loop = _train_losses(tmp_path / "head", compile=True, compile_scope="head")
+    loop, counters = _compiled_like_eager(tmp_path, "head")
     model = loop.raw
     assert hasattr(model.lm_loss, "__wrapped__")
     assert not any(hasattr(m.forward, "__wrapped__") for m in model.modules() if type(m).__name__ == "Block")
     assert not isinstance(loop.step_fn, torch._dynamo.eval_frame.OptimizedModule)
     assert counters["stats"]["unique_graphs"] == 1
-    assert compiled == pytest.approx(eager, rel=1e-4)

@@ -49,6 +49,22 @@ def hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+class HashingWriter:
+    """A binary file that hashes what passes through it: `size` and `sha256` of everything written, with no second
+    read of the file."""
+
+    def __init__(self, f) -> None:
+        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += memoryview(data).nbytes
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def fsync_dir(path: Path) -> None:
     """Persist a directory's entries (renames, new files); not possible on Windows."""
     if os.name != "posix":
