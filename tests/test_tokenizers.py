@@ -210,6 +210,16 @@ def test_train_rejects_vocab_larger_than_the_text_supports() -> None:
     assert train_tokenizer(CORPUS_LINES, "bpe", supported, "gpt").vocab_size == supported
 
 
+def test_size_errors_name_the_callers_options() -> None:
+    """A tokenizer trained for a run names the run's config key; one trained by the CLI names its flags."""
+    with pytest.raises(LMForgeError, match=r"fewer than model\.vocab_size 50000: lower model\.vocab_size, or add"):
+        train_tokenizer(CORPUS_LINES, "bpe", 50_000, "gpt", size_key="model.vocab_size", frequency_key=None)
+    with pytest.raises(LMForgeError, match="lower --vocab-size or --min-frequency, or add text"):
+        train_tokenizer(CORPUS_LINES, "bpe", 50_000, "gpt", size_key="--vocab-size", frequency_key="--min-frequency")
+    with pytest.raises(LMForgeError, match="^data.vocab_size 90 is too small: family t5 alone"):
+        train_tokenizer(CORPUS_LINES, "unigram", 90, "t5", size_key="data.vocab_size")
+
+
 def test_load_errors(tmp_path: Path) -> None:
     with pytest.raises(LMForgeError) as err:
         Tokenizer.load(tmp_path / "missing")

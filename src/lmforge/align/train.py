@@ -108,7 +108,8 @@ def initial_model(init: str, texts: Callable[[], list[str]], tokenizer: str | No
     if tokenizer:
         tok = Tokenizer.load(Path(tokenizer))
     else:
-        tok = train_tokenizer(texts(), "bpe", vocab_size, family=FAMILY_BY_ARCH[base.arch])
+        tok = train_tokenizer(texts(), "bpe", vocab_size, family=FAMILY_BY_ARCH[base.arch],
+                              size_key="model.vocab_size", frequency_key=None)  # fmt: skip
     cfg = dataclasses.replace(base, vocab_size=max(tok.vocab_size, base.vocab_size if tokenizer else 0))
     if tok.pad_id is not None:
         cfg.pad_id = tok.pad_id

@@ -55,7 +55,8 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
         if not (tok_dir / "tokenizer.json").is_file():
             status(f"training the shared tokenizer in {tok_dir}")
             texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
-            trained = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg))
+            trained = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg),
+                                      size_key="data.vocab_size", frequency_key=None)  # fmt: skip
             trained.save(tok_dir)
         tok_spec, tok = str(tok_dir), Tokenizer.load(tok_dir)
     data = Path(d.prepared) if d.prepared else dest / "data"

@@ -25,7 +25,8 @@ def _tokenizer_for(cfg: FtModelConfig, arch: str, texts: Callable[[], list[str]]
 
     if cfg.tokenizer:  # a path, or a published tokenizer by name
         return load_tokenizer(cfg.tokenizer, "model.tokenizer")
-    return train_tokenizer(texts(), cfg.tokenizer_kind, cfg.vocab_size, family=FAMILY_BY_ARCH[arch])
+    return train_tokenizer(texts(), cfg.tokenizer_kind, cfg.vocab_size, family=FAMILY_BY_ARCH[arch],
+                           size_key="model.vocab_size", frequency_key=None)  # fmt: skip
 
 
 def random_backbone(preset: str, cfg: FtModelConfig, texts: Callable[[], list[str]]):

@@ -95,7 +95,10 @@ def cmd_train(
     first = next((t for t in stream if t), None)  # fail before training when every file is empty
     if first is None:
         raise LMForgeError(f"no text in the input files: {', '.join(map(str, files))}")
-    tok = train_tokenizer(itertools.chain([first], stream), kind, vocab_size, family, min_frequency)
+    tok = train_tokenizer(
+        itertools.chain([first], stream), kind, vocab_size, family, min_frequency,
+        size_key="--vocab-size", frequency_key="--min-frequency",
+    )  # fmt: skip
     tok.save(out)
     summary = {
         "out": str(out),

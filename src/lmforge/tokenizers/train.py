@@ -20,24 +20,27 @@ def train_tokenizer(
     family: Family | None = None,
     min_frequency: int = 2,
     show_progress: bool | None = None,
+    size_key: str = "vocab_size",
+    frequency_key: str | None = "min_frequency",
 ) -> Tokenizer:
     """Learn a ``vocab_size``-token vocabulary (special tokens included) from ``texts``.
 
     ``family`` picks the special tokens and their ids; None means the kind's usual family
     (bpe -> gpt, wordpiece -> bert, unigram -> t5). ``min_frequency`` is the least count a merge
-    needs (BPE and WordPiece; Unigram prunes by likelihood instead).
+    needs (BPE and WordPiece; Unigram prunes by likelihood instead). ``size_key`` and ``frequency_key`` name the
+    options an error tells the user to change (``--model.vocab_size``; None: min_frequency is not theirs to set).
     """
     if show_progress is None:  # the trainer's own bar, on a terminal unless quiet
         from lmforge.progress import terminal_progress
 
         show_progress = terminal_progress()
     family = family or DEFAULT_FAMILY.get(kind)  # type: ignore[assignment]
-    _check_args(kind, vocab_size, family, min_frequency)
+    _check_args(kind, vocab_size, family, min_frequency, size_key)
     spec = SPECS[family] if kind == "bpe" else SPECS[family].with_unk()
     learned = vocab_size - len(spec.trailing)  # trailing specials are appended after training
     if kind == "bpe" and learned < len(spec.leading) + N_BYTES:
         raise LMForgeError(
-            f"vocab_size {vocab_size} is too small for a bpe tokenizer of family {family}: the "
+            f"{size_key} {vocab_size} is too small for a bpe tokenizer of family {family}: the "
             f"{N_BYTES} byte tokens and {_plural(len(spec.tokens), 'special token')} need at least "
             f"{N_BYTES + len(spec.tokens)}"
         )
@@ -51,46 +54,46 @@ def train_tokenizer(
     except Exception as e:
         if "not large enough" in str(e):  # UnigramTrainer: fewer slots than distinct characters
             raise LMForgeError(
-                f"vocab_size {vocab_size} is too small: the training text has more distinct characters"
+                f"{size_key} {vocab_size} is too small: the training text has more distinct characters"
             ) from e
         raise LMForgeError(f"tokenizer training failed: {str(e).strip().splitlines()[0]}") from e
     if counter.chars == 0:
         raise LMForgeError("no training text: every input text is empty")
-    _check_size(backend.get_vocab_size(with_added_tokens=True), learned, vocab_size, kind)
+    _check_size(backend.get_vocab_size(with_added_tokens=True), learned, vocab_size, kind, size_key, frequency_key)
     # Added in increasing id order after the learned vocab (T5: <extra_id_99> ... <extra_id_0>).
     backend.add_special_tokens([_added(t, spec) for t in spec.trailing])
     backend.post_processor = _post_processor(kind, spec, backend)
     return Tokenizer(backend, spec.roles, family)
 
 
-def _check_args(kind: str, vocab_size: int, family: str | None, min_frequency: int) -> None:
+def _check_args(kind: str, vocab_size: int, family: str | None, min_frequency: int, size_key: str) -> None:
     if kind not in KINDS:
         raise LMForgeError(f"unknown tokenizer kind '{kind}' (known: {', '.join(KINDS)})")
     if family not in FAMILIES:
         raise LMForgeError(f"unknown tokenizer family '{family}' (known: {', '.join(FAMILIES)})")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
-        raise LMForgeError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        raise LMForgeError(f"{size_key} must be a positive integer, got {vocab_size!r}")
     if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
         raise LMForgeError(f"min_frequency must be an integer >= 1, got {min_frequency!r}")
     if vocab_size <= len(SPECS[family].tokens) + 1:
         raise LMForgeError(
-            f"vocab_size {vocab_size} is too small: family {family} alone has "
+            f"{size_key} {vocab_size} is too small: family {family} alone has "
             f"{_plural(len(SPECS[family].tokens), 'special token')}"
         )
 
 
-def _check_size(got: int, learned: int, vocab_size: int, kind: str) -> None:
+def _check_size(got: int, learned: int, vocab_size: int, kind: str, size_key: str, frequency_key: str | None) -> None:
     """Fail unless training produced exactly the requested number of learned tokens."""
     if got > learned:
         raise LMForgeError(
-            f"vocab_size {vocab_size} is too small: the characters of the training text and the special "
+            f"{size_key} {vocab_size} is too small: the characters of the training text and the special "
             f"tokens alone need {got + vocab_size - learned} entries"
         )
     if got < learned:
-        knobs = "vocab_size" if kind == "unigram" else "vocab_size or min_frequency"
+        knobs = size_key if kind == "unigram" or frequency_key is None else f"{size_key} or {frequency_key}"
         raise LMForgeError(
             f"the training text supports only {got + vocab_size - learned} tokens for a {kind} vocabulary, "
-            f"fewer than vocab_size {vocab_size}: lower {knobs}, or add text"
+            f"fewer than {size_key} {vocab_size}: lower {knobs}, or add text"
         )
 
 

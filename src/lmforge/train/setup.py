@@ -134,7 +134,8 @@ def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
         texts = _training_texts(_input_paths(cfg))
         status(f"training a {cfg.data.tokenizer_kind} tokenizer of {cfg.data.vocab_size} tokens on "
                f"{len(texts):,} documents")  # fmt: skip
-        tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family)
+        tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family,
+                              size_key="data.vocab_size", frequency_key=None)  # fmt: skip
         _save_atomically(tok, tok_dir, recipe)
     barrier(dist)
     return Tokenizer.load(tok_dir)
