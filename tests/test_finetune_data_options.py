@@ -14,7 +14,7 @@ import pytest
 
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig, load_finetune_config
-from lmforge.tasks.data import load_splits
+from lmforge.tasks.data import data_label, load_splits
 from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.seq2seq import copy_baseline
 
@@ -39,6 +39,8 @@ def test_table_pairs_with_target_field(tmp_path: Path) -> None:
     ex = splits["train"].examples[0]
     assert (ex.text, ex.target, ex.label) == (PAIRS[0][0], PAIRS[0][1], None)
     assert splits["train"].task_type == "text_to_text" and splits["train"].labels is None
+    assert data_label(cfg) == "pairs"  # reports name the user's file, and a named set by its name
+    assert data_label(FtDataConfig(source="fetched", name="bible-en-es")) == "bible-en-es"
     bad = _jsonl(tmp_path / "bad.jsonl", [{"en": "a", "es": "b"}, {"en": "c"}])
     with pytest.raises(LMForgeError, match=r"^.*bad.jsonl:2: missing field 'es'$"):
         load_splits(FtDataConfig(source="table", train=str(bad), text_field="en", target_field="es"))
@@ -129,6 +131,7 @@ def test_cli_seq2seq_from_a_table_of_pairs(tmp_path: Path) -> None:
     args += ["--model.vocab_size=150", "--task.num_beams=1", "--task.max_new_tokens=4", "--run.dir=run"]
     out = _cli(args, tmp_path)
     assert out.returncode == 0, out.stderr
+    assert "on seq2seq (table pairs): train 36, test 3, dev 4;" in out.stdout  # the user's file, not the recipe's set
     assert "dropped the recipe keys that seq2seq does not have: task.label_words, task.scoring" in out.stderr
     dev = [line for line in out.stdout.splitlines() if line.startswith("dev (best checkpoint)")]
     assert len(dev) == 1 and "(copy-the-input baseline: bleu " in dev[0]

@@ -30,6 +30,7 @@ def finetune_config(recipe: str | None, init: str | None, overrides: list[str] |
 def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], resume: bool = False) -> dict[str, float]:
     """Fine-tune `init` (a run/checkpoint/HF dir, a preset, or none) on the recipe's task; print and return the
     best checkpoint's dev metrics (also in RUN/eval.json)."""
+    from lmforge.tasks.data import data_label
     from lmforge.train.finetune import FineTuner
 
     cfg = finetune_config(recipe, init, overrides, resume)
@@ -37,7 +38,7 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], res
     main = tuner.dist.is_main
     n = {k: len(v.examples) for k, v in tuner.splits.items()}
     if main:
-        print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({cfg.data.source} {cfg.data.name}): "
+        print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({cfg.data.source} {data_label(cfg.data)}): "
               + ", ".join(f"{k} {v}" for k, v in n.items()) + f"; {tuner.total_steps} steps")  # fmt: skip
     final = tuner.fit()
     if not main:  # rank 0 reports
@@ -86,13 +87,13 @@ def eval_finetuned(path: Path, overrides: list[str], split: str) -> dict[str, di
     from lmforge.config import merge_dicts, parse_overrides
     from lmforge.tasks.backbone import load_finetuned
     from lmforge.tasks.config import build_finetune_config, finetune_to_dict
-    from lmforge.tasks.data import load_splits
+    from lmforge.tasks.data import data_label, load_splits
 
     task, model, _, cfg = load_finetuned(path)
     if overrides:
         cfg = build_finetune_config(merge_dicts(finetune_to_dict(cfg), parse_overrides(overrides)))
     splits = load_splits(cfg.data)
-    name = cfg.data.name or cfg.task.type
+    name = data_label(cfg.data)
     if split not in splits and cfg.data.source == "glue":  # e.g. MNLI's dev_mismatched
         from lmforge.tasks.glue import read_glue
 
@@ -100,7 +101,7 @@ def eval_finetuned(path: Path, overrides: list[str], split: str) -> dict[str, di
         name = f"{name}_mm" if split.endswith("mismatched") else f"{name}-{split}"
     if split not in splits:
         have = ", ".join(splits)
-        raise LMForgeError(f"split '{split}' not found for {cfg.data.source} {cfg.data.name} (have: {have})")
+        raise LMForgeError(f"split '{split}' not found for {cfg.data.source} {name} (have: {have})")
     return {name: task.evaluate(model, splits[split], cfg.train.eval_batch_size)}
 
 

@@ -123,6 +123,18 @@ def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
     return out
 
 
+NAMED_SOURCES = ("bundled", "glue", "superglue", "fetched", "race", "wsc")  # data.name picks the set
+
+
+def data_label(cfg: FtDataConfig) -> str:
+    """What reports call the data: the named set (data.name), else the file or dir it was read from
+    (a recipe's data.name no longer applies once a table of one's own replaces its set)."""
+    if cfg.source in NAMED_SOURCES:
+        return cfg.name
+    given = cfg.train or cfg.dir or cfg.dev or cfg.test
+    return Path(given).stem if given else cfg.source
+
+
 SOURCES: dict[str, Callable[[FtDataConfig], dict[str, Dataset]]] = {
     "bundled": _bundled,
     "glue": _glue,
