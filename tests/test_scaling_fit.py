@@ -102,3 +102,25 @@ def test_bad_inputs_are_one_line_errors():
 def test_a_fit_without_an_optimum_reports_nan_not_an_error():
     flat = LossSurface(E=2.0, A=1.0, B=5.0, alpha=0.0, beta=0.3)  # loss independent of N
     assert all(math.isnan(x) for x in flat.optimal(1e20))
+
+
+def test_report_flags_parameters_the_runs_leave_open():
+    """The report names the parameters whose bootstrap interval spans more than a factor of 10: none on a clean
+    grid of 30 runs, every one on six noisy runs of two sizes."""
+    from lmforge.experiments.report import analyse, loose_parameters, render
+    from lmforge.experiments.sweep import FitOptions
+
+    def analysed(N, D, L):
+        pts = [{"N": n, "D": d, "C": 6 * n * d, "val_loss": loss, "arm": f"r{i}"}
+               for i, (n, d, loss) in enumerate(zip(N, D, L))]  # fmt: skip
+        return analyse(pts, FitOptions(bootstrap=20, top_k=16))
+
+    assert loose_parameters(analysed(*grid(STEEP, 0.002))) == []
+    N, D = np.repeat([1e6, 2e6], 3), np.tile([2e8, 4e8, 8e8], 2)
+    few = analysed(N, D, STEEP.predict(N, D) * np.array([1.02, 0.99, 1.01, 0.98, 1.0, 1.01]))
+    loose = loose_parameters(few)
+    assert loose == ["E", "A", "B", "α", "β"]
+    pts = [{"arm": f"r{i}", "N_non_embedding": 1, "N_total": 1, "D": 1, "C": 1.0, "steps": 1, "val_loss": 3.0,
+            "val_bpb": None, "seconds": None} for i in range(6)]  # fmt: skip
+    report = render("t", {"description": "d", "compute": "6ND"}, pts, few)
+    assert f"**Loosely determined: {', '.join(loose)}** (bootstrap intervals wider than a factor of 10)" in report

@@ -81,6 +81,21 @@ def analyse(pts: list[dict[str, Any]], fit) -> dict[str, Any]:
     return out
 
 
+LOOSE_FACTOR = 10
+
+
+def loose_parameters(analysis: dict) -> list[str]:
+    """The fit's parameters whose bootstrap interval spans more than LOOSE_FACTOR (hi / lo): the runs leave them
+    open, whatever the point estimate says."""
+    names = {"alpha": "α", "beta": "β"}
+    out = []
+    for k in SURFACE_KEYS[:5]:
+        lo_hi = analysis.get("intervals", {}).get(k)
+        if lo_hi and (lo_hi[0] <= 0 or lo_hi[1] / lo_hi[0] > LOOSE_FACTOR):
+            out.append(names.get(k, k))
+    return out
+
+
 def _ci(analysis: dict, key: str, fmt=lambda x: f"{x:.4g}") -> str:
     lo_hi = analysis.get("intervals", {}).get(key)
     return f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi else "–"
@@ -112,6 +127,13 @@ def render(title: str, meta: dict[str, Any], pts: list[dict[str, Any]], analysis
             lines.append(
                 f"\n**On the fit's search box: {', '.join(s['at_bounds'])}.** The runs do not determine these "
                 "parameters (too few, too small or too short runs to show the curvature of the law).\n"
+            )
+        wide = loose_parameters(analysis)
+        if wide:
+            lines.append(
+                f"\n**Loosely determined: {', '.join(wide)}** (bootstrap intervals wider than a factor of "
+                f"{LOOSE_FACTOR}). More sizes, larger token budgets or seeds narrow them; the allocation below "
+                "inherits their width.\n"
             )
         lines.append("\n## Compute-optimal allocation (C = 6ND)\n")
         rows = [[sci(o["C"]), si(o["N_opt"]), _ci(analysis, f"N_opt@{o['C']:.3g}", si), si(o["D_opt"]),
