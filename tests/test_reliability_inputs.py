@@ -105,7 +105,11 @@ def rewrite_manifest(ckpt: Path) -> None:
         ("jsonl_field", "error: {tmp}/nofield.jsonl:2: no field 'text' (fields: body)"),
         ("csv", "error: {tmp}/bad.csv:3: malformed CSV (',' expected after '\"')"),
         ("csv_eof", "error: {tmp}/open.csv:4: malformed CSV (unexpected end of data)"),
-        ("one_doc", "error: need at least 2 documents to split into train and val, got 1"),
+        (
+            "one_doc",
+            "error: need at least 2 documents to split into train and val, got 1 (a document is a JSONL line, a CSV "
+            "row, or a text file of up to 32k characters; longer files split at paragraphs): add text or files",
+        ),  # fmt: skip
         ("unknown_key", "error: unknown config key 'train.lrr' — did you mean 'train.lr'?"),
         ("unknown_section", "error: unknown config key 'trian' — did you mean 'train.lr'?"),
         ("bad_type", "error: train.lr: expected a number, got 'fast'"),

@@ -94,7 +94,10 @@ def split_documents(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
     if not 0.0 < val_fraction < 1.0:
         raise LMForgeError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if n_docs < 2:
-        raise LMForgeError(f"need at least 2 documents to split into train and val, got {n_docs}")
+        raise LMForgeError(
+            f"need at least 2 documents to split into train and val, got {n_docs} (a document is a JSONL line, a "
+            "CSV row, or a text file of up to 32k characters; longer files split at paragraphs): add text or files"
+        )
     n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
     is_val = np.zeros(n_docs, dtype=bool)
     is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
