@@ -159,3 +159,8 @@ def test_command_line_mirrors_lm_eval(runs, tmp_path):
         lls = [lp for lp, _ in lm.loglikelihood([(d["question"], " " + c) for c in d["choices"]])]
         right += int(max(range(len(lls)), key=lls.__getitem__) == d["answer"])
     assert acc == pytest.approx(right / len(docs)) and "|lmforge_mc|" in r.stdout
+    # A model path that is not there: one line and a non-zero exit, as from every lmforge command.
+    cmd[cmd.index(f"pretrained={run}")] = f"pretrained={tmp_path / 'nope'}"
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == f"error: checkpoint path not found: {tmp_path / 'nope'}"
+    assert "Traceback" not in r.stderr

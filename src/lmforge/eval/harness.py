@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm_eval", *argv]  # lm_eval's parser reads sys.argv (and inserts its default `run` command)
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except LMForgeError as e:  # the model could not be loaded or scored: one line, as every lmforge command
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     return 0
 
 
