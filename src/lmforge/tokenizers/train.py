@@ -28,7 +28,7 @@ def train_tokenizer(
     ``family`` picks the special tokens and their ids; None means the kind's usual family
     (bpe -> gpt, wordpiece -> bert, unigram -> t5). ``min_frequency`` is the least count a merge
     needs (BPE and WordPiece; Unigram prunes by likelihood instead). ``size_key`` and ``frequency_key`` name the
-    options an error tells the user to change (``--model.vocab_size``; None: min_frequency is not theirs to set).
+    options an error tells the user to change (``model.vocab_size``; None: min_frequency is not theirs to set).
     """
     if show_progress is None:  # the trainer's own bar, on a terminal unless quiet
         from lmforge.progress import terminal_progress
