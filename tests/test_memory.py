@@ -73,3 +73,17 @@ def test_model_info_prints_the_table_where_ddp_needs_more_than_one_gpu_holds(cap
     total = 5  # column of the total (weights, grads, AdamW, buffers, activations, total, with ckpt)
     assert rows[("ddp", "1")][total] > 80 > rows[("fsdp", "2")][total]  # an 80 GB GPU: ddp does not fit, fsdp does
     assert rows[("fsdp", "8")][total] < rows[("fsdp", "4")][total] < rows[("fsdp", "2")][total]
+
+
+def test_model_info_states_non_embedding_parameters_and_training_flops(capsys):
+    """What a FLOPs or scaling budget needs: N without embeddings (Kaplan et al.) and the FLOP formula's count."""
+    from lmforge.models.flops import model_flops_per_token
+
+    assert main(["model", "info", "gpt2-124m", "--seq", "512"]) == 0
+    line = capsys.readouterr().out.strip()
+    cfg = get_preset("gpt2-124m")
+    with torch.device("meta"):
+        body = Transformer(cfg).num_params(non_embedding=True)
+    assert f"(124.4M; {body / 1e6:.1f}M non-embedding)" in line and body < 124.4e6 - 50257 * 768
+    assert line.endswith(f"; {model_flops_per_token(cfg, 512):.3g} training FLOPs/token at 512 tokens")
+    assert 6 * 124.4e6 < model_flops_per_token(cfg, 512) < model_flops_per_token(cfg, 1024)  # attention grows with T

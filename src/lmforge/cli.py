@@ -166,6 +166,7 @@ def _model_info(args: argparse.Namespace) -> None:
     import torch
 
     from lmforge.models import Transformer, get_preset
+    from lmforge.models.flops import model_flops_per_token
     from lmforge.models.gpt3 import PUBLISHED_TABLES
     from lmforge.registry import MODELS
 
@@ -184,10 +185,12 @@ def _model_info(args: argparse.Namespace) -> None:
         cfgs = {name: get_preset(name) for name in names}
     for name, cfg in cfgs.items():
         with torch.device("meta"):  # counts without allocating (gpt3-175b included)
-            n = Transformer(cfg).num_params()
-        print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M), {cfg.arch}, d_model={cfg.d_model}, "
-              f"n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
-              f"max_seq_len={cfg.max_seq_len}")  # fmt: skip
+            model = Transformer(cfg)
+        n, n_body, T = model.num_params(), model.num_params(non_embedding=True), args.seq or cfg.max_seq_len
+        print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M; {n_body / 1e6:.1f}M non-embedding), {cfg.arch}, "
+              f"d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
+              f"max_seq_len={cfg.max_seq_len}; {model_flops_per_token(cfg, T):.3g} training FLOPs/token at "
+              f"{T} tokens{' in and out' if cfg.arch == 'encoder-decoder' else ''}")  # fmt: skip
         if args.batch is not None:
             from lmforge.train.memory import memory_table
 
@@ -418,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     mi = m.add_parser("info", help="parameter count of a preset, a run or checkpoint ('all': every preset)")
     mi.add_argument("preset", help="preset name, 'all', a family's published table (gpt3), or a run/checkpoint dir")
     mi.add_argument("--batch", type=_positive, help="also print the memory per GPU (ddp, fsdp; 1-8 GPUs) at this batch")
-    mi.add_argument("--seq", type=_positive, help="sequence length of --batch's estimate (default: max_seq_len)")
+    mi.add_argument("--seq", type=_positive, help="tokens per sequence of the FLOPs and --batch (default: max_seq_len)")
     mi.set_defaults(fn=_model_info)
 
     cv = sub.add_parser("convert", help="convert between Hugging Face model dirs and lmforge checkpoints")
