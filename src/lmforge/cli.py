@@ -177,9 +177,8 @@ def _model_info(args: argparse.Namespace) -> None:
         from lmforge.config import model_config_from_dict
         from lmforge.train import checkpoint as ckpt
 
-        cfgs = {
-            args.preset: model_config_from_dict(ckpt.read_config(ckpt.model_checkpoint(Path(args.preset)))["model"])
-        }
+        raw = ckpt.read_config(ckpt.model_checkpoint(Path(args.preset)))
+        cfgs = {args.preset: model_config_from_dict(raw["backbone" if "backbone" in raw else "model"])}
     else:
         names = MODELS.names() if args.preset == "all" else [args.preset]
         cfgs = {name: get_preset(name) for name in names}

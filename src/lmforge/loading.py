@@ -13,8 +13,9 @@ from lmforge.models import Transformer
 
 def load(path: str | Path, device: str | torch.device = "cpu"):
     """(model, tokenizer) from a run dir (its best checkpoint when it selects one, else its latest good one), a
-    checkpoint dir, or a Hugging Face model dir (config.json + model.safetensors / pytorch_model.bin). The model
-    is in eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads."""
+    checkpoint dir, or a Hugging Face model dir (config.json + model.safetensors / pytorch_model.bin). A fine-tuned
+    run gives its fine-tuned backbone (a T5 translator, a GPT with the LM head it kept training). The model is in
+    eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads."""
     from lmforge.models.hf import import_hf, is_hf_dir
     from lmforge.tokenizers import Tokenizer
     from lmforge.train import checkpoint as ckpt
@@ -29,18 +30,41 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
         except LMForgeError:
             tokenizer = None  # e.g. a tokenizer model type lmforge does not wrap
     else:
+        from lmforge.tasks.backbone import is_finetuned
+
         c = ckpt.model_checkpoint(path)
         cfg = ckpt.read_config(c)
-        if "model" not in cfg:
+        if is_finetuned(cfg):
+            model, tokenizer = _finetuned_backbone(c)
+        elif "model" not in cfg:
             raise LMForgeError(f"{c}/config.yaml has no model section")
-        model = Transformer(model_config_from_dict(cfg["model"]))
-        _load_run_weights(c, model, cfg)
-        tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
+        else:
+            model = Transformer(model_config_from_dict(cfg["model"]))
+            _load_run_weights(c, model, cfg)
+            tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise LMForgeError(
             f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
     return model.to(device).eval(), tokenizer
+
+
+def _finetuned_backbone(c: Path):
+    """The fine-tuned weights of a `lmforge finetune` checkpoint as a plain Transformer (its task head left out; LoRA
+    folded into the weights), with the run's tokenizer (task tokens included)."""
+    from lmforge.adapt import merge_and_unload
+    from lmforge.tasks.backbone import load_finetuned
+
+    _, tuned, tokenizer, cfg = load_finetuned(c)
+    backbone = merge_and_unload(tuned.backbone) if cfg.peft.method == "lora" else tuned.backbone
+    with torch.device("meta"):
+        plain = Transformer(backbone.config).state_dict().keys()
+    if backbone.state_dict().keys() != plain:  # adapters, prefixes or prompts added to the network
+        raise LMForgeError(
+            f"{c}: its {cfg.peft.method} modules live inside the fine-tuned network, so there is no plain model to "
+            "load (lmforge eval evaluates the run as it is)"
+        )
+    return backbone, tokenizer
 
 
 def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:

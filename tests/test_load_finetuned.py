@@ -1,0 +1,61 @@
+"""`lmforge.load` (and so `lmforge generate`, `convert`, `compress quantize`, `model info`) on a fine-tuned run: its
+fine-tuned backbone as a plain Transformer, LoRA folded in; adapters that have no place in one are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lmforge
+from lmforge.adapt.lora import LoRALinear
+from lmforge.cli import main
+from lmforge.errors import LMForgeError
+from lmforge.models import Transformer
+from lmforge.tasks.backbone import load_finetuned
+
+SMALL = {"max_train": 64, "max_eval": 32}
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> str:
+    run = tmp_path_factory.mktemp("pre") / "run"
+    lmforge.pretrain("gpt", {"model.preset": "gpt-tiny", "train.max_steps": 4}, run={"dir": str(run)})
+    return str(run)
+
+
+def _finetuned(pretrained: str, tmp_path, **peft) -> str:
+    run = tmp_path / "ft"
+    lmforge.finetune("sst2-gpt", init=pretrained, train={"max_steps": 3}, data=SMALL, run={"dir": str(run)},
+                     peft=peft or {"method": "none"})  # fmt: skip
+    return str(run)
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_a_fine_tuned_run_loads_as_its_fine_tuned_backbone(pretrained, tmp_path, capsys):
+    run = _finetuned(pretrained, tmp_path)
+    model, tok = lmforge.load(run)
+    _, tuned, tuned_tok, _ = load_finetuned(run)
+    assert type(model) is Transformer and tok.vocab_size == tuned_tok.vocab_size == model.config.vocab_size
+    ids = torch.tensor([tok.encode("It is a truth universally acknowledged")])
+    assert torch.equal(_logits(model, ids), _logits(tuned.backbone, ids))
+    before, _ = lmforge.load(pretrained)
+    assert not torch.equal(model.tok_emb.weight[: before.config.vocab_size], before.tok_emb.weight)  # fine-tuned
+    assert main(["model", "info", run]) == 0 and f"vocab_size={tok.vocab_size}" in capsys.readouterr().out
+    assert main(["generate", run, "--prompt", "It is", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+
+
+def test_lora_is_folded_in_and_adapters_are_refused(pretrained, tmp_path):
+    run = _finetuned(pretrained, tmp_path / "lora", method="lora", rank=4)
+    model, tok = lmforge.load(run)
+    _, tuned, _, _ = load_finetuned(run)
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    assert any(isinstance(m, LoRALinear) for m in tuned.modules())
+    ids = torch.tensor([tok.encode("It is a truth universally acknowledged")])
+    torch.testing.assert_close(_logits(model, ids), _logits(tuned.backbone, ids), rtol=1e-4, atol=1e-4)
+    run = _finetuned(pretrained, tmp_path / "houlsby", method="houlsby")
+    with pytest.raises(LMForgeError, match=r"its houlsby modules live inside the fine-tuned network"):
+        lmforge.load(run)
