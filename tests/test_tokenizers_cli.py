@@ -166,7 +166,24 @@ def test_cmd_encode_errors(saved: Path, tmp_path: Path, kwargs: dict, message: s
 def test_cmd_encode_missing_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(LMForgeError) as err:
         cmd_encode(tmp_path / "none", text="hi")
-    assert str(err.value) == f"cannot load tokenizer: {tmp_path / 'none'} does not exist"
+    assert str(err.value) == (
+        f"tokenizer: '{tmp_path / 'none'}' is neither a tokenizer dir/file nor a published tokenizer "
+        "(published tokenizers: gpt2)"
+    )
+
+
+def test_cmd_encode_takes_a_run_dir(saved: Path, tmp_path: Path) -> None:
+    """The tokenizer of a run (its latest checkpoint's), as `lmforge generate RUN` would encode with."""
+    import dataclasses
+
+    from lmforge.models import Transformer, get_preset
+    from lmforge.train.checkpoint import write_checkpoint_dir
+
+    tok = Tokenizer.load(saved)
+    cfg = dataclasses.replace(get_preset("gpt-tiny"), vocab_size=tok.vocab_size)
+    write_checkpoint_dir(tmp_path / "run" / "checkpoints" / "step_3", Transformer(cfg),
+                         config={"model": dataclasses.asdict(cfg)}, tokenizer=tok, step=3)  # fmt: skip
+    assert cmd_encode(tmp_path / "run", text="Four score") == tok.encode("Four score")
 
 
 def _write_bytes(path: Path, data: bytes) -> Path:

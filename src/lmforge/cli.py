@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--min-frequency", type=int, default=2)
     tt.set_defaults(fn=_tok_train)
     te = t.add_parser("encode", help="print the ids and tokens of a text")
-    te.add_argument("tokenizer", type=Path)
+    te.add_argument("tokenizer", type=Path, help="a tokenizer dir or file, a published one (gpt2), or a run dir")
     te.add_argument("--text")
     te.add_argument("--file", type=Path)
     te.set_defaults(fn=_tok_encode)

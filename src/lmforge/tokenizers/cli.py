@@ -113,8 +113,21 @@ def cmd_train(
     return summary
 
 
+def _tokenizer_of(spec: str) -> Tokenizer:
+    """A tokenizer dir or file, a published tokenizer's name (gpt2), or the tokenizer of a run or checkpoint dir."""
+    from lmforge.tokenizers.published import load_tokenizer
+
+    path = Path(spec)
+    if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "checkpoints").is_dir():
+        from lmforge.train.checkpoint import model_checkpoint
+
+        path = model_checkpoint(path)
+    return load_tokenizer(str(path) if path.exists() else spec, "tokenizer")
+
+
 def cmd_encode(tokenizer_path: Path, text: str | None = None, file: Path | None = None) -> list[int]:
-    """Encode ``text`` or the contents of ``file``; print the ids and their tokens, return the ids."""
+    """Encode ``text`` or the contents of ``file`` with a tokenizer (a dir or file, a published one's name, or a run's);
+    print the ids and their tokens, return the ids."""
     if (text is None) == (file is None):
         raise LMForgeError("give exactly one of a text or --file to encode")
     if file is not None:
@@ -124,7 +137,7 @@ def cmd_encode(tokenizer_path: Path, text: str | None = None, file: Path | None 
             raise LMForgeError(f"nothing to encode: {path} is empty")
     elif not text:
         raise LMForgeError("nothing to encode: the text is empty")
-    tok = Tokenizer.load(tokenizer_path)
+    tok = _tokenizer_of(str(tokenizer_path))
     ids = tok.encode(text)
     print("ids:", " ".join(map(str, ids)))
     print("tokens:", json.dumps([tok.id_to_token(i) for i in ids], ensure_ascii=False))
