@@ -207,6 +207,29 @@ def test_cli_bad_file_is_one_line(tmp_path):
     assert r.stderr == f"error: {path}: unknown key 'budgett' — did you mean 'budget'?\n"
 
 
+def test_a_second_runner_on_one_experiment_or_sweep_dir_is_refused(tmp_path, capsys):
+    """Two runners on one dir would start the same arms twice and each fail on the other's run locks; the second
+    is refused before it starts anything, naming the first."""
+    from lmforge.cli import main
+    from lmforge.train.rundir import RunLock
+
+    path = write(tmp_path, {**TINY, "budget": {"steps": 3}})
+    holder = RunLock(tmp_path / "out")  # held through another open file: flock refuses it as it would a process
+    holder.acquire()
+    try:
+        assert main(["experiment", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: experiment dir {tmp_path / 'out'} is in use by process ")
+        assert err.endswith(": wait for it to finish, or choose another --out")
+        assert not (tmp_path / "out" / "shared").exists()  # nothing prepared, nothing started
+        sweep = tmp_path / "sweep.yaml"
+        sweep.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), "sizes": ["gpt-tiny"], "tokens": [256, 512]}))
+        assert main(["scaling", str(sweep)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: sweep dir {tmp_path / 'out'} is in use by process ")
+    finally:
+        holder.release()
+
+
 def test_only_selects_runs_and_what_they_need(tmp_path):
     data = {**TINY, "seeds": [0, 1], "finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}]}}
     data["pretrain"] = {**data["pretrain"], "arms": ["a", {"name": "b", "init": "a"}]}

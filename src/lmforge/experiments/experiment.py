@@ -55,6 +55,7 @@ def cmd_experiment(
     Failed runs are reported after the table is written."""
     from lmforge.experiments.results import summary_json, write_report
     from lmforge.experiments.runner import arm_command, check_all_finished, run_arms
+    from lmforge.train.rundir import RunLock
 
     exp = load_experiment(path, overrides, out)
     if dry_run:  # nothing written: the runs as they would run, before any shared tokenizer exists
@@ -69,8 +70,13 @@ def cmd_experiment(
             if first is not None:
                 print(" ".join(arm_command(first)))
         return {}
-    results = run_arms(select(plan_experiment(exp), only), jobs=jobs, devices=devices)
-    paths = write_report(exp, results, budget_text(exp))
+    lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir
+    lock.acquire()
+    try:
+        results = run_arms(select(plan_experiment(exp), only), jobs=jobs, devices=devices)
+        paths = write_report(exp, results, budget_text(exp))
+    finally:
+        lock.release()
     text = paths[0].read_text(encoding="utf-8")
     print(text[: text.index("\n![loss curves]")])
     print("report: " + ", ".join(str(p) for p in paths))

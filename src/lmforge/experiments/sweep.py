@@ -196,9 +196,9 @@ def cmd_scaling(
 ) -> dict[str, Any]:
     """Run (or, dry_run, list) a sweep's unfinished arms, fit, and write OUT/scaling.md, scaling.json and
     plots/scaling.png. Returns the analysis."""
-    from lmforge.experiments.report import analyse, points, write_report
-    from lmforge.experiments.runner import arm_command, check_all_finished, run_arms
+    from lmforge.experiments.runner import arm_command
     from lmforge.experiments.tables import markdown_table, si
+    from lmforge.train.rundir import RunLock
 
     sweep = load_sweep(path, overrides, out)
     if dry_run:  # nothing written: arms as they would run, before the shared tokenizer exists
@@ -206,6 +206,19 @@ def cmd_scaling(
         rows = [[a.name, si(a.info["N_non_embedding"]), si(a.info["D"]), a.max_steps] for a in arms]
         print(markdown_table(["arm", "N", "D", "steps"], rows) + "\n" + " ".join(arm_command(arms[-1])))
         return {}
+    lock = RunLock(sweep.out, "sweep dir", "--out")  # one runner per sweep dir
+    lock.acquire()
+    try:
+        return _run_sweep(sweep, jobs, devices)
+    finally:
+        lock.release()
+
+
+def _run_sweep(sweep: Sweep, jobs: int, devices: list[str] | None) -> dict[str, Any]:
+    """The arms not finished yet, then the fit and the report."""
+    from lmforge.experiments.report import analyse, points, write_report
+    from lmforge.experiments.runner import check_all_finished, run_arms
+
     arms = plan_arms(sweep, shared_data(sweep))
     repeated = [a for a in arms if (a.info["epochs"] or 0) > 1]
     if repeated:  # repeated tokens are worth less than fresh ones (Muennighoff et al. 2023): the law bends

@@ -25,10 +25,12 @@ except ImportError:  # not POSIX: runs are not locked
 
 
 class RunLock:
-    """Holds RUN/.lock from `acquire()` until `release()` (or the process's end)."""
+    """Holds RUN/.lock from `acquire()` until `release()` (or the process's end). `what` and `option` name the dir
+    in the refusal (an experiment's or a sweep's dir: "experiment dir", "--out")."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, what: str = "run dir", option: str = "--run.dir") -> None:
         self.path = Path(run_dir) / LOCK_FILE
+        self.what, self.option = what, option
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -42,7 +44,8 @@ class RunLock:
             holder = _describe(self.path)
             os.close(fd)
             raise LMForgeError(
-                f"run dir {self.path.parent} is in use by {holder}: wait for it to finish, or choose another --run.dir"
+                f"{self.what} {self.path.parent} is in use by {holder}: wait for it to finish, or choose another "
+                f"{self.option}"
             ) from None
         info = {
             "pid": os.getpid(),
