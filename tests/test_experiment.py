@@ -268,6 +268,41 @@ def test_runner_waits_for_and_skips_after_failed_runs(tmp_path):
                                                                              after=["x"])])  # fmt: skip
 
 
+@pytest.mark.slow
+def test_sigterm_stops_the_runner_and_its_arms_which_then_resume(tmp_path):
+    """A scheduler's SIGTERM to the runner alone: the running arm is stopped too (it saves a checkpoint first, so a
+    rerun resumes it) and the runner exits 143 with one line saying how to continue."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from lmforge.experiments.runner import has_checkpoint
+    from lmforge.train.signals import Stopped
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
+        pytest.skip("the runner catches SIGTERM only on the main thread")
+    over = {"model.preset": "gpt-tiny", "train.log_every": 1, "train.eval_every": 10**6, "train.save_every": 10**6}
+    arm = Arm("p", tmp_path / "p", "gpt", over, 10**6)
+
+    def preempt():  # once the arm is training
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "step 3/" not in _text(arm.run_dir / "arm.log"):
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=preempt, daemon=True).start()
+    with pytest.raises(Stopped) as err:
+        run_arms([arm], poll_s=0.1)
+    assert err.value.exit_code == 143 and str(err.value).startswith("stopped by SIGTERM: 1 running arm(s) stopped")
+    assert "stopped by SIGTERM at step" in _text(arm.run_dir / "arm.log") and has_checkpoint(arm.run_dir)
+    assert arm_command(arm)[-1] == "--resume"
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+
 def test_finished_finetune_and_eval_runs_are_read_back(tmp_path):
     ft = Arm("f", tmp_path / "f", "sst2-gpt", {"train.lr": 0.001}, None, kind="finetune", init="runs/p")
     assert arm_final(ft) is None and arm_command(ft)[-1] == "--train.lr=0.001"

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 from lmforge.errors import LMForgeError
 from lmforge.progress import status
+from lmforge.train.signals import Stopped
 
 LOG_FILE = "arm.log"
 """The arm's stdout and stderr, in its run dir."""
@@ -199,6 +201,7 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     running: dict[int, tuple[Arm, subprocess.Popen, float]] = {}  # slot -> arm
     total, started = len(todo), 0
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # CPU runs: no more threads than cores
+    on_term = _stop_on_sigterm()
     try:
         while todo or running:
             _fail_orphans(todo, results)
@@ -220,12 +223,38 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
                 proc.log.close()  # type: ignore[attr-defined]
                 del running[slot]
                 results[arm.name] = _finish(arm, proc.returncode, time.monotonic() - t0)
+    except (KeyboardInterrupt, _Terminated) as e:
+        signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
+        raise Stopped(
+            f"stopped by {signal.Signals(signum).name}: {len(running)} running arm(s) stopped (a training arm saves a "
+            "checkpoint first); rerun the same command to continue: finished arms are skipped, stopped ones resume",
+            signum,
+        ) from None
     finally:  # interrupted: stop the arms still running (a rerun resumes them from their checkpoints)
         for _, proc, _ in running.values():
             proc.terminate()
             proc.wait()
             proc.log.close()  # type: ignore[attr-defined]
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
     return [results[a.name] for a in arms]
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def _stop_on_sigterm():
+    """SIGTERM (a scheduler's preemption) interrupts the runner as Ctrl-C does, so its arms are stopped with it
+    rather than left running; returns the handler to restore (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handle(signum: int, frame) -> None:
+        raise _Terminated(signum)
+
+    return signal.signal(signal.SIGTERM, handle)
 
 
 def _next_ready(todo: list[Arm], results: dict[str, ArmResult]) -> Arm | None:
