@@ -37,7 +37,7 @@ def test_cmd_prepare_then_load(tmp_path: Path, tok_dir: Path, capsys: pytest.Cap
     assert printed[2].startswith("  val: 3 docs, ")
     assert printed[3:] == ["  cleaning: off", "  replaced non-UTF-8 bytes: 1"]
     fp = hashlib.sha256(Tokenizer.load(tok_dir).backend.to_str().encode()).hexdigest()[:16]
-    assert meta["tokenizer_fingerprint"] == fp
+    assert meta["tokenizer_fingerprint"] == fp and meta["tokenizer"] == str(tok_dir.resolve())
 
     tok = Tokenizer.load(tok_dir)
     loader = TokenLoader(tmp_path / "out", "train", seq_len=32, batch_size=2)
@@ -59,6 +59,39 @@ def test_cmd_prepare_clean_summary(tmp_path: Path, tok_dir: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "  cleaning: kept 2 of 2 docs; removed lines_curly_bracket 0, lines_javascript 0, " in out
     assert "lines_no_terminal_punctuation 1," in out
+
+
+def test_pretraining_on_prepared_data_takes_its_tokenizer_and_refuses_another(tmp_path: Path, tok_dir: Path, capsys):
+    """`--data.prepared` alone: the tokenizer the data was prepared with (recorded in meta.json). Another tokenizer
+    of the same size is refused — its ids would name other tokens."""
+    from lmforge.cli import main
+
+    src = tmp_path / "docs.jsonl"
+    src.write_bytes(b"".join(json.dumps({"text": t}).encode() + b"\n" for t in TEXTS))
+    cmd_prepare([src], tmp_path / "data", tok_dir, 0.1, False)
+    tiny = ["--model.preset=gpt-tiny", "--train.max_steps=1", "--train.batch_size=2", "--train.seq_len=16",
+            "--sample.prompts=[]", f"--data.prepared={tmp_path / 'data'}"]  # fmt: skip
+    capsys.readouterr()
+    assert main(["pretrain", "gpt", f"--run.dir={tmp_path / 'run'}", *tiny]) == 0
+    err = capsys.readouterr().err
+    assert f"note: data.tokenizer {tok_dir.resolve()} (what {tmp_path / 'data'} was prepared with)" in err
+    train_tokenizer(list(reversed(TEXTS)) + ["Bells, bells, bells."], "bpe", 300).save(tmp_path / "other")
+    assert Tokenizer.load(tmp_path / "other").vocab_size == 300
+    assert (
+        main(["pretrain", "gpt", f"--run.dir={tmp_path / 'run2'}", *tiny, f"--data.tokenizer={tmp_path / 'other'}"])
+        == 2
+    )
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: prepared data in {tmp_path / 'data'} was tokenized with another tokenizer ({tok_dir.resolve()}) "
+        f"than data.tokenizer {tmp_path / 'other'}: give the one it was prepared with"
+    )
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    del meta["tokenizer"]  # data prepared by hand, or before meta.json named its tokenizer
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
+    assert main(["pretrain", "gpt", f"--run.dir={tmp_path / 'run3'}", *tiny]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: data.prepared needs data.tokenizer: the tokenizer {tmp_path / 'data'} was prepared with"
+    )
 
 
 def test_cmd_prepare_missing_tokenizer(tmp_path: Path) -> None:

@@ -397,6 +397,11 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
     notes = []
     m, d, t = cfg.model, cfg.data, cfg.train
     user_model_vocab = has_key(user, "model.vocab_size")
+    if d.prepared and not d.tokenizer:  # the tokenizer `lmforge data prepare` recorded
+        from lmforge.data.prepare import prepared_tokenizer
+
+        d.tokenizer = prepared_tokenizer(d.prepared)
+        notes.append(f"data.tokenizer {d.tokenizer} (what {d.prepared} was prepared with)")
     if d.tokenizer:
         from lmforge.tokenizers.published import tokenizer_vocab_size
 

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from lmforge.data.fetch import catalogue, fetch, fetch_summary, format_catalogue
 from lmforge.data.prepare import prepare
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """First 16 hex digits of the SHA-256 of the tokenizer's serialised form (its tokenizer.json)."""
-    return hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()[:16]
 
 
 def format_summary(out: Path, meta: dict) -> str:
@@ -44,7 +38,7 @@ def cmd_prepare(
     from lmforge.tokenizers.published import load_tokenizer
 
     tokenizer = load_tokenizer(str(tokenizer_spec))
-    fingerprint = tokenizer_fingerprint(tokenizer)
+    source = Path(tokenizer_spec)
     meta = prepare(
         [Path(p) for p in inputs] if inputs else None,
         Path(out),
@@ -53,7 +47,7 @@ def cmd_prepare(
         clean=clean,
         seed=seed,
         text_field=text_field,
-        tokenizer_fingerprint=fingerprint,
+        tokenizer_source=str(source.resolve()) if source.exists() else str(tokenizer_spec),
     )
     print(format_summary(Path(out), meta))
     return meta

@@ -47,6 +47,25 @@ class TokenizerLike(Protocol):
     def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """First 16 hex digits of the SHA-256 of the tokenizer's serialised form (its tokenizer.json)."""
+    import hashlib
+
+    return hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()[:16]
+
+
+def prepared_tokenizer(directory: Path) -> str:
+    """The tokenizer (a path or a published name) `lmforge data prepare` tokenized `directory` with, from its
+    meta.json; one line when the directory does not name one."""
+    meta_path = Path(directory) / "meta.json"
+    if not meta_path.is_file():
+        raise LMForgeError(f"data.prepared: {directory} is not a prepared data dir (no meta.json)")
+    spec = json.loads(meta_path.read_text(encoding="utf-8")).get("tokenizer")
+    if not spec:
+        raise LMForgeError(f"data.prepared needs data.tokenizer: the tokenizer {directory} was prepared with")
+    return spec
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """Smallest unsigned dtype that holds every id of a vocabulary."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
@@ -163,10 +182,11 @@ def prepare(
     seed: int = 0,
     *,
     text_field: str = "text",
-    tokenizer_fingerprint: str | None = None,
+    tokenizer_source: str | None = None,
     clean_config: CleanConfig | None = None,
 ) -> dict:
     """Read, optionally clean, split by document and tokenize ``inputs`` (None: bundled corpus) into ``out``.
+    ``tokenizer_source`` (a path or a published name) is recorded in meta.json for runs that read ``out``.
 
     Writes to a temporary sibling directory renamed into place at the end, so ``out`` is never left
     half-prepared. Returns the contents of ``meta.json``.
@@ -204,7 +224,8 @@ def prepare(
             "seed": seed,
             "cleaning": counts,
             "replaced_bytes": stream.replaced_bytes,
-            "tokenizer_fingerprint": tokenizer_fingerprint,
+            "tokenizer": tokenizer_source,
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
             "sources": [str(p) for p in paths],
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

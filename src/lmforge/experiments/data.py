@@ -45,7 +45,9 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
 
     d = cfg.data
     if d.prepared and not d.tokenizer:
-        raise LMForgeError("data.prepared needs data.tokenizer too: the tokenizer the data was prepared with")
+        from lmforge.data.prepare import prepared_tokenizer
+
+        d.tokenizer = prepared_tokenizer(d.prepared)
     # The input files, found once (a missing input stops the experiment before anything is trained).
     inputs = resolve_files(d.inputs) if d.inputs else None
     if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
@@ -64,7 +66,8 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
         if d.prepared:
             raise LMForgeError(f"data.prepared: {data} is not a prepared data dir (no meta.json)")
         status(f"preparing the shared corpus in {data}")
-        prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed)
+        prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed,
+                tokenizer_source=tok_spec)  # fmt: skip
     meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
     return {
         "data.tokenizer": tok_spec, "data.prepared": str(data), "model.vocab_size": tok.vocab_size,

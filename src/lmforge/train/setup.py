@@ -171,6 +171,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0), again when an
     earlier attempt prepared them with other settings or another tokenizer."""
     from lmforge.data import prepare
+    from lmforge.data.prepare import tokenizer_fingerprint
     from lmforge.progress import status
 
     prepared_here = False
@@ -181,7 +182,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     else:
         data_dir = run_dir / "data"
         recipe = {"inputs": cfg.data.inputs, "val_fraction": cfg.data.val_fraction, "clean": cfg.data.clean,
-                  "seed": cfg.run.seed, "tokenizer": _digest(tokenizer)}  # fmt: skip
+                  "seed": cfg.run.seed, "tokenizer": tokenizer_fingerprint(tokenizer)}  # fmt: skip
         prepared_here = _stale(data_dir, recipe)
         if dist.is_main and prepared_here:
             status(f"preparing token shards in {data_dir}")
@@ -206,13 +207,14 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
             f"prepared data in {data_dir} was tokenized with {meta['vocab_size']} tokens, "
             f"but the tokenizer has {tokenizer.vocab_size}"
         )
+    recorded = meta.get("tokenizer_fingerprint")
+    if recorded and recorded != tokenizer_fingerprint(tokenizer):  # same size, other tokens: ids would mean nothing
+        named = f" ({meta['tokenizer']})" if meta.get("tokenizer") else ""
+        raise LMForgeError(
+            f"prepared data in {data_dir} was tokenized with another tokenizer{named} than data.tokenizer "
+            f"{cfg.data.tokenizer}: give the one it was prepared with"
+        )
     return data_dir
-
-
-def _digest(tokenizer) -> str:
-    import hashlib
-
-    return hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()[:16]
 
 
 def check_vocab(cfg: Config, tokenizer) -> None:
