@@ -397,7 +397,7 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
     notes = []
     m, d, t = cfg.model, cfg.data, cfg.train
     user_model_vocab = has_key(user, "model.vocab_size")
-    if d.prepared and not d.tokenizer:  # the tokenizer `lmforge data prepare` recorded
+    if d.prepared and not d.tokenizer and not cfg.run.init:  # the tokenizer `data prepare` recorded (run.init: its own)
         from lmforge.data.prepare import prepared_tokenizer
 
         d.tokenizer = prepared_tokenizer(d.prepared)

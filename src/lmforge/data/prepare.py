@@ -225,7 +225,7 @@ def prepare(
             "cleaning": counts,
             "replaced_bytes": stream.replaced_bytes,
             "tokenizer": tokenizer_source,
-            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer) if hasattr(tokenizer, "backend") else None,
             "sources": [str(p) for p in paths],
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
