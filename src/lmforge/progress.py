@@ -31,12 +31,13 @@ def progress(
 ) -> tqdm:
     """A progress bar over `iterable` (or one advanced with `.update(n)`), with rate and ETA.
 
-    On a terminal it refreshes in place; in a log file it writes a line at most every 30 s, so logs stay short."""
+    On a terminal it refreshes in place and clears itself at the end; in a log file it writes a line at most every
+    30 s, in ASCII, and ends with its final count and rate on a line of its own, so logs stay short and readable."""
     tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
     kw.setdefault("mininterval", 0.2 if tty else 30.0)
     return tqdm(
-        iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=is_quiet(), leave=False,
-        dynamic_ncols=True, **kw,
+        iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=is_quiet(), leave=not tty,
+        ascii=not tty, dynamic_ncols=True, **kw,
     )  # fmt: skip
 
 
