@@ -163,37 +163,9 @@ def _positive(text: str) -> int:
 
 
 def _model_info(args: argparse.Namespace) -> None:
-    import torch
+    from lmforge.model_cli import cmd_model_info
 
-    from lmforge.models import Transformer, get_preset
-    from lmforge.models.flops import model_flops_per_token
-    from lmforge.models.gpt3 import PUBLISHED_TABLES
-    from lmforge.registry import MODELS
-
-    if args.preset in PUBLISHED_TABLES:
-        print(PUBLISHED_TABLES[args.preset]())
-        return
-    if Path(args.preset).exists():  # what a run or checkpoint built
-        from lmforge.config import model_config_from_dict
-        from lmforge.train import checkpoint as ckpt
-
-        raw = ckpt.read_config(ckpt.model_checkpoint(Path(args.preset)))
-        cfgs = {args.preset: model_config_from_dict(raw["backbone" if "backbone" in raw else "model"])}
-    else:
-        names = MODELS.names() if args.preset == "all" else [args.preset]
-        cfgs = {name: get_preset(name) for name in names}
-    for name, cfg in cfgs.items():
-        with torch.device("meta"):  # counts without allocating (gpt3-175b included)
-            model = Transformer(cfg)
-        n, n_body, T = model.num_params(), model.num_params(non_embedding=True), args.seq or cfg.max_seq_len
-        print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M; {n_body / 1e6:.1f}M non-embedding), {cfg.arch}, "
-              f"d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
-              f"max_seq_len={cfg.max_seq_len}; {model_flops_per_token(cfg, T):.3g} training FLOPs/token at "
-              f"{T} tokens{' in and out' if cfg.arch == 'encoder-decoder' else ''}")  # fmt: skip
-        if args.batch is not None:
-            from lmforge.train.memory import memory_table
-
-            print(memory_table(cfg, args.batch, args.seq or cfg.max_seq_len))
+    cmd_model_info(args.preset, args.batch, args.seq)
 
 
 def _convert(args: argparse.Namespace) -> None:

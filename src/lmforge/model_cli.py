@@ -1,0 +1,43 @@
+"""Function behind `lmforge model info`: what a preset, a published size table or a run's model amounts to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_model_info(preset: str, batch: int | None = None, seq: int | None = None) -> None:
+    """Print parameters (total and non-embedding), shape and training FLOPs per token of `preset` (a preset name,
+    'all', a published table such as gpt3, or a run / checkpoint dir, fine-tuned ones included); with `batch`, the
+    memory per GPU to train it at `seq` tokens (default: max_seq_len)."""
+    import torch
+
+    from lmforge.models import Transformer, get_preset
+    from lmforge.models.flops import model_flops_per_token
+    from lmforge.models.gpt3 import PUBLISHED_TABLES
+    from lmforge.registry import MODELS
+
+    if preset in PUBLISHED_TABLES:
+        print(PUBLISHED_TABLES[preset]())
+        return
+    if Path(preset).exists():  # what a run or checkpoint built
+        from lmforge.config import model_config_from_dict
+        from lmforge.tasks.backbone import is_finetuned
+        from lmforge.train import checkpoint as ckpt
+
+        raw = ckpt.read_config(ckpt.model_checkpoint(Path(preset)))
+        cfgs = {preset: model_config_from_dict(raw["backbone" if is_finetuned(raw) else "model"])}
+    else:
+        names = MODELS.names() if preset == "all" else [preset]
+        cfgs = {name: get_preset(name) for name in names}
+    for name, cfg in cfgs.items():
+        with torch.device("meta"):  # counts without allocating (gpt3-175b included)
+            model = Transformer(cfg)
+        n, n_body, T = model.num_params(), model.num_params(non_embedding=True), seq or cfg.max_seq_len
+        print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M; {n_body / 1e6:.1f}M non-embedding), {cfg.arch}, "
+              f"d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
+              f"max_seq_len={cfg.max_seq_len}; {model_flops_per_token(cfg, T):.3g} training FLOPs/token at "
+              f"{T} tokens{' in and out' if cfg.arch == 'encoder-decoder' else ''}")  # fmt: skip
+        if batch is not None:
+            from lmforge.train.memory import memory_table
+
+            print(memory_table(cfg, batch, T))
