@@ -5,6 +5,7 @@ Validation happens once, here: unknown keys get a did-you-mean, values are check
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -171,14 +172,21 @@ def coerce(value: Any, t: Any, key: str) -> Any:
             return int(value)
         raise LMForgeError(f"{key}: expected an integer, got {value!r}")
     if t is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise LMForgeError(f"{key}: expected a number, got {value!r}")
+        if number is None:
+            raise LMForgeError(f"{key}: expected a number, got {value!r}")
+        # No setting means anything at NaN or infinity (1e400 overflows to it): refused here, for every field,
+        # before a run trains into NaN or a range check compares against NaN (always false).
+        if not math.isfinite(number):
+            raise LMForgeError(f"{key} must be a finite number, got {value!r}")
+        return number
     if t is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

@@ -1,0 +1,46 @@
+"""Every numeric config value is checked for its domain once, at load time, before a run writes anything: NaN and
+infinity are refused for every float field, and model fields have their ranges."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmforge.cli import main
+
+
+def one_error_line(capsys, *args: str) -> str:
+    rc = main([*args, "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=nan", "train.lr must be a finite number, got 'nan'"),
+        ("train.lr=inf", "train.lr must be a finite number, got 'inf'"),
+        ("train.lr=1e400", "train.lr must be a finite number, got '1e400'"),
+        ("train.beta1=nan", "train.beta1 must be a finite number, got 'nan'"),
+        ("train.weight_decay=inf", "train.weight_decay must be a finite number, got 'inf'"),
+        ("train.grad_clip=nan", "train.grad_clip must be a finite number, got 'nan'"),
+        ("model.dropout=nan", "model.dropout must be a finite number, got 'nan'"),
+    ],
+)
+def test_non_finite_values_are_refused_before_anything_is_written(override, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert one_error_line(capsys, "pretrain", "gpt", f"--run.dir={run}", f"--{override}") == f"error: {message}"
+    assert not run.exists()
+
+
+def test_non_finite_values_in_a_recipe_file_are_refused(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: .nan\n")  # YAML's own spelling of NaN reaches the loader as a float
+    run = tmp_path / "run"
+    assert one_error_line(capsys, "pretrain", str(recipe), f"--run.dir={run}") == (
+        "error: train.lr must be a finite number, got nan"
+    )
+    assert not run.exists()
