@@ -90,6 +90,8 @@ class _Pending:
     losses: list[Tensor] = field(default_factory=list)
     norms: list[Tensor] = field(default_factory=list)
     bad: list[Tensor] = field(default_factory=list)
+    """1.0 for a skipped step (non-finite loss or gradient norm), 2.0 for an update that made the weights
+    non-finite."""
 
 
 class LossStep(nn.Module):
@@ -233,6 +235,12 @@ class Loop:
         # Clipping happens inside the optimizer step (fused AdamW divides each gradient as it reads it), which
         # saves a pass over every gradient.
         self.optimizer.step(found_inf=bad, grad_scale=parallel.clip_scale(gnorm, c.grad_clip))
+        # A finite gradient can still overflow the weights (a huge lr): such a step is non-finite too, so the run
+        # never counts its checkpoint as the last good one.
+        overflow = parallel.nonfinite_params(self.params, loss.device)
+        if self.dist.enabled:
+            torch.distributed.all_reduce(overflow, op=torch.distributed.ReduceOp.MAX)
+        bad = torch.maximum(bad, 2.0 * overflow)
         self.optimizer.zero_grad()
         self.schedule.step()
         self.step += 1
@@ -258,23 +266,26 @@ class Loop:
         kept = []
         for step, lv, gn, bad in zip(p.steps, *values):
             if bad:
-                self._nonfinite(step, lv, gn)
+                self._nonfinite(step, lv, gn, overflow=bad == 2.0 and math.isfinite(lv) and math.isfinite(gn))
                 continue
             self.streak = 0
             self._spike(step, lv)
             kept.append(lv)
         return kept, values[1][-1]
 
-    def _nonfinite(self, step: int, loss: float, gnorm: float) -> None:
+    def _nonfinite(self, step: int, loss: float, gnorm: float, overflow: bool = False) -> None:
         if self.streak == 0:
             last = ckpt.list_checkpoints(self.run_dir)
             self.pre_streak_ckpt = int(last[-1].name.split("_")[1]) if last else None
         self.streak += 1
         what = "loss" if not math.isfinite(loss) else "gradient norm"
         value = loss if what == "loss" else gnorm
+        if overflow:  # loss and gradient were finite, the update was not: the step could not be skipped
+            what, value = "weights after the update", "overflow"
         if self.dist.is_main:
-            print(f"warning: step {step}: non-finite {what} ({value}), step skipped", file=sys.stderr)
-            self.log.log(step, skipped=True, nonfinite=what, loss=loss, grad_norm=gnorm)
+            skipped = "weights unusable from here" if overflow else "step skipped"
+            print(f"warning: step {step}: non-finite {what} ({value}), {skipped}", file=sys.stderr)
+            self.log.log(step, skipped=not overflow, nonfinite=what, loss=loss, grad_norm=gnorm)
         if self.streak >= self.cfg.max_nonfinite:
             kept = f"; the last checkpoint before it is step_{self.pre_streak_ckpt}" if self.pre_streak_ckpt else ""
             raise LMForgeError(

@@ -217,6 +217,17 @@ def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
     return norm.to(device, non_blocking=True)
 
 
+def nonfinite_params(params: list[Tensor], device: torch.device) -> Tensor:
+    """1.0 on `device` where this rank's part of any parameter holds NaN or infinity, else 0.0 (a 0-d tensor; no
+    sync). After an optimizer step it catches an update that overflowed finite gradients into the weights. The
+    largest |value| cannot overflow where a sum of squares could; a NaN propagates through it."""
+    tensors = [local(p).detach() for p in params]
+    if not tensors:
+        return torch.zeros((), device=device)
+    peak = torch.stack([m.float().to(device) for m in torch._foreach_norm(tensors, float("inf"))]).max()
+    return (~torch.isfinite(peak)).float()
+
+
 def clip_scale(norm: Tensor, max_norm: float) -> Tensor | None:
     """What the gradients are divided by to clip them to `max_norm` (≥ 1; None when max_norm ≤ 0), as
     `torch.nn.utils.clip_grads_with_norm_` scales them."""
