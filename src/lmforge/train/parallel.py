@@ -224,8 +224,8 @@ def nonfinite_params(params: list[Tensor], device: torch.device) -> Tensor:
     tensors = [local(p).detach() for p in params]
     if not tensors:
         return torch.zeros((), device=device)
-    peak = torch.stack([m.float().to(device) for m in torch._foreach_norm(tensors, float("inf"))]).max()
-    return (~torch.isfinite(peak)).float()
+    peak = torch.stack([m.float() for m in torch._foreach_norm(tensors, float("inf"))]).max()
+    return (~torch.isfinite(peak)).float().to(device, non_blocking=True)  # one copy where params are offloaded
 
 
 def clip_scale(norm: Tensor, max_norm: float) -> Tensor | None:
