@@ -18,6 +18,7 @@ import yaml
 
 from lmforge.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
+from lmforge.files import write_atomic
 from lmforge.models.config import ModelConfig
 from lmforge.sections import LoopConfig, OptimConfig, RunConfig
 
@@ -294,8 +295,9 @@ def recipe_dict(
 
 
 def write_yaml(path: Path, data: dict) -> None:
+    """Write `data` as YAML at `path`, atomically and never through a symbolic link."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:

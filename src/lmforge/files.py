@@ -1,9 +1,10 @@
 """File helpers shared by checkpoints, model conversion and downloads: the cache root, weights-only `torch.load`
-with one-line errors, and the durability primitives of atomic writes (content hashes, directory fsync, OS error
-reasons)."""
+with one-line errors, the durability primitives of atomic writes (content hashes, directory fsync, OS error
+reasons), and the writers of a run dir's files, which never follow a symbolic link."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
@@ -81,3 +82,85 @@ def os_reason(e: BaseException) -> str:
     if isinstance(e, OSError) and e.errno is not None:
         return os.strerror(e.errno)
     return str(e) or type(e).__name__
+
+
+# --- Files of a run dir --------------------------------------------------------------------------------------------
+# A run writes only files it made itself: a symbolic link planted at RUN/.lock or RUN/metrics.jsonl would otherwise
+# have the run truncate and overwrite whatever file the link points to. Files opened in place are opened with
+# O_NOFOLLOW; files replaced atomically are written to a fresh scratch file (O_EXCL) and a link at their name is
+# refused too, so every run-dir writer fails the same way: one line naming the link.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, where creating links needs privileges anyway
+_NONCE = os.urandom(4).hex()
+
+
+def link_error(path: Path) -> LMForgeError:
+    """The one line for a run-dir file that is a symbolic link."""
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    why = f"it is a symbolic link{target}; a run writes only its own files, so remove the link"
+    return LMForgeError(f"refusing to write {path}: {why}")
+
+
+def refuse_link(path: Path) -> None:
+    """Raise `link_error` when `path` is a symbolic link (a missing path is fine)."""
+    if os.path.islink(path):
+        raise link_error(Path(path))
+
+
+def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open` that refuses a symbolic link at `path` with one line instead of following it."""
+    try:
+        return os.open(path, flags | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW's ELOOP (some systems say EMLINK or EFTYPE)
+            raise link_error(Path(path)) from None
+        raise
+
+
+def append_text(path: Path):
+    """A text file opened for appending (created if missing), never through a symbolic link."""
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def write_atomic(path: Path, data: bytes | str, fsync: bool = True) -> None:
+    """Replace `path` with `data` through a scratch file renamed into place: a reader never sees half a file, and
+    neither the scratch file nor `path` may be a symbolic link (a link at `path` is refused, not replaced)."""
+    path = Path(path)
+    refuse_link(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{_NONCE}")
+    tmp.unlink(missing_ok=True)  # a dead writer's (or a planted link: unlink removes the link, not its target)
+    fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_error(path: Path | str, e: OSError) -> LMForgeError:
+    """The one line for a failed write of `path`: the OS's reason, and for a full disk or quota what to do."""
+    reason = os_reason(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += " (the disk is full: free space there or write elsewhere)"
+    return LMForgeError(f"could not write {path}: {reason}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (POSIX; elsewhere always True, so nothing is taken for dead)."""
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        pass
+    return True

@@ -24,6 +24,7 @@ from lmforge.align.sft import choice_accuracy, encode_all, response_loss, sft_lo
 from lmforge.align.templates import Conversation, add_role_tokens, get_template
 from lmforge.align.train import ShuffledBatches, initial_model
 from lmforge.errors import LMForgeError
+from lmforge.files import write_atomic
 from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import cleanup, init_distributed, rank_seed
@@ -159,7 +160,7 @@ class Run:
                     log.close()
             model.eval()
             if d.is_main:
-                (self.dir / "eval.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+                write_atomic(self.dir / "eval.json", json.dumps(metrics, indent=2) + "\n")
             return metrics
         finally:
             self.lock.release()

@@ -166,12 +166,14 @@ def metrics_figure(rows: list, columns: list[str]):
 
 
 def save_figure(fig, path: Path) -> Path:
-    """PNG via a temp file renamed into place."""
-    import os
+    """PNG via a temp file renamed into place, never through a symbolic link."""
+    import io
+
+    from lmforge.files import write_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    write_atomic(path, png.getvalue(), fsync=False)
     return path

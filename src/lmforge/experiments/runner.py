@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LMForgeError
+from lmforge.files import append_text
 from lmforge.progress import status
 from lmforge.train.signals import Stopped
 
@@ -169,7 +170,7 @@ def _launch(arm: Arm, device: str | None, threads: str) -> tuple[subprocess.Pope
     env = {"OMP_NUM_THREADS": threads} | dict(os.environ)  # status lines (resumes, notes) go to the arm log
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
-    log = open(arm.run_dir / LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115  (closed when the arm ends)
+    log = append_text(arm.run_dir / LOG_FILE)  # closed when the arm ends
     proc = subprocess.Popen(arm_command(arm), stdout=log, stderr=subprocess.STDOUT, env=env)
     proc.log = log  # type: ignore[attr-defined]
     return proc, time.monotonic()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from lmforge import files
 
 
 def si(x: float, digits: int = 3) -> str:
@@ -37,12 +38,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write text to a sibling temp file renamed into place (readers never see half a file)."""
+    """Write text to a sibling temp file renamed into place (readers never see half a file; never through a
+    symbolic link: files.write_atomic)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    files.write_atomic(path, text, fsync=False)
     return path
 
 

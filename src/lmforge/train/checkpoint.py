@@ -50,7 +50,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from lmforge.errors import LMForgeError
-from lmforge.files import HashingWriter, fsync_dir, hash_file, load_torch_file, os_reason
+from lmforge.files import HashingWriter, fsync_dir, hash_file, load_torch_file, os_reason, write_atomic
 from lmforge.models.config import upgrade_saved_model
 from lmforge.models.wrappers import unwrap_model
 from lmforge.train.parallel import local, shard_like
@@ -205,13 +205,12 @@ def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
 def save_run_config(run_dir: Path, config: dict) -> Path:
     """Atomically write the resolved config to ``run_dir/config.yaml``."""
     path = Path(run_dir) / CONFIG_FILE
-    tmp = path.with_name(f".{CONFIG_FILE}.tmp-{os.getpid()}")
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_yaml(tmp, config)
-        os.replace(tmp, path)
+        write_atomic(path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise LMForgeError(f"could not write {path}: {os_reason(e)}") from e
     return path
 

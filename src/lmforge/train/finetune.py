@@ -19,6 +19,7 @@ import torch
 
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
 from lmforge.errors import LMForgeError
+from lmforge.files import write_atomic
 from lmforge.progress import status
 from lmforge.tasks.backbone import checkpoint_config, load_backbone, task_token_rows
 from lmforge.tasks.config import FinetuneConfig, finetune_to_dict
@@ -219,7 +220,7 @@ def _labelled(ds: Dataset) -> bool:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def finetune(cfg: FinetuneConfig) -> tuple[FineTuner, dict[str, float]]:

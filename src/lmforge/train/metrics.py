@@ -6,10 +6,10 @@ Names the plots understand: ``train_loss`` (or ``loss``), ``val_loss`` and ``lr`
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import numbers
-import os
 import sys
 import threading
 import time
@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import torch
 
 from lmforge.errors import LMForgeError
+from lmforge.files import append_text, refuse_link, write_atomic
 from lmforge.models.flops import flops_per_token  # noqa: F401  (the trainer's MFU count; one definition)
 
 METRICS_FILE = "metrics.jsonl"
@@ -54,9 +55,10 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, resume_step: int | None = None, sinks: list[str] | tuple = ()) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_link(self.path)  # before reading it: a planted link's target is neither read nor written
         if self.path.exists():
             self._rewrite_kept(resume_step)
-        self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
+        self._file: TextIO | None = append_text(self.path)
         self._tb = tensorboard_writer(Path(run_dir) / TENSORBOARD_DIR, resume_step) if "tensorboard" in sinks else None
 
     def _rewrite_kept(self, resume_step: int | None) -> None:
@@ -68,12 +70,7 @@ class MetricsLogger:
             kept = [ln for ln in kept if not _after(ln, resume_step)]
         if len(kept) == len(lines):
             return
-        tmp = self.path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(kept))
 
     def log(self, step: int, **values: Any) -> None:
         """Append ``{"step": step, **values}`` as one line and flush it."""
@@ -180,11 +177,12 @@ def plot_metrics(run_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
+        refuse_link(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
         path = out_dir / f"{name}.png"
-        tmp = out_dir / f".{name}.png.tmp-{os.getpid()}"
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        write_atomic(path, png.getvalue(), fsync=False)
         written.append(path)
     return written
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
+from lmforge.files import open_no_follow
 from lmforge.train.distributed import DistInfo, broadcast_object
 
 LOCK_FILE = ".lock"
@@ -37,7 +38,7 @@ class RunLock:
         if fcntl is None or self._fd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -66,9 +67,11 @@ class RunLock:
 
 def _describe(path: Path) -> str:
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        fd = open_no_follow(path, os.O_RDONLY)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            info = json.loads(f.read())
         return f"process {info['pid']} on {info['host']} (started {info['started']}: {info['command']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, LMForgeError):
         return "another process"
 
 

@@ -13,6 +13,7 @@ import torch
 
 from lmforge.config import Config
 from lmforge.errors import LMForgeError
+from lmforge.files import refuse_link, write_atomic
 from lmforge.train.distributed import DistInfo, barrier
 
 FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
@@ -155,10 +156,11 @@ def _stale(directory: Path, recipe: dict) -> bool:
 def _save_atomically(tokenizer, directory: Path, recipe: dict) -> None:
     """Write the tokenizer to a scratch dir renamed into place: a run killed mid-save leaves no torn files."""
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    refuse_link(tmp)  # rmtree leaves a link in place, and the save would write through it
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tokenizer.save(tmp)
-        (tmp / _RECIPE_FILE).write_text(json.dumps(recipe) + "\n", encoding="utf-8")
+        write_atomic(tmp / _RECIPE_FILE, json.dumps(recipe) + "\n")
         shutil.rmtree(directory, ignore_errors=True)  # an earlier attempt's incomplete dir
         os.replace(tmp, directory)
     except OSError as e:
@@ -194,7 +196,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
                 clean=cfg.data.clean,
                 seed=cfg.run.seed,
             )
-            (data_dir / _RECIPE_FILE).write_text(json.dumps(recipe) + "\n", encoding="utf-8")
+            write_atomic(data_dir / _RECIPE_FILE, json.dumps(recipe) + "\n")
         barrier(dist)
     meta = json.loads((data_dir / "meta.json").read_text())
     if prepared_here and meta.get("replaced_bytes") and dist.is_main:
