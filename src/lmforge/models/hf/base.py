@@ -19,22 +19,60 @@ from lmforge.models.config import ModelConfig
 
 StateDict = dict[str, Tensor]
 
-# HF activation names <-> ours (ungated MLPs; T5 and Llama map their gated variants themselves).
-ACT_FROM_HF = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+@dataclass(frozen=True)
+class ActNames:
+    """How one family's `transformers` config names the activations its model computes: each name it may hold ->
+    our activation computing the same function, and the name we write for each of ours. Read off each model's own
+    code, not the docs: OpenAIGPT keeps its own table in which "gelu" is the tanh approximation."""
+
+    field: str
+    """The HF config field (`hidden_act`, `activation_function`, `afn`, ...), for messages."""
+    from_hf: Mapping[str, str]
+    to_hf: Mapping[str, str]
+    note: str = ""
+    """Said when an activation is refused (what the family's names really compute)."""
+
+    def ours(self, name: str, family: str) -> str:
+        if name not in self.from_hf:
+            known = ", ".join(self.from_hf)
+            raise LMForgeError(f"Hugging Face {family} {self.field} '{name}' is not supported (supported: {known})")
+        return self.from_hf[name]
+
+    def theirs(self, activation: str, family: str) -> str:
+        if activation not in self.to_hf:
+            raise LMForgeError(
+                f"Hugging Face {family} cannot compute activation '{activation}' (it computes "
+                f"{', '.join(self.to_hf)}){self.note}"
+            )
+        return self.to_hf[activation]
 
 
-def act_from_hf(name: str, where: str) -> str:
-    if name not in ACT_FROM_HF:
-        raise LMForgeError(f"{where}: unsupported activation '{name}' (supported: {', '.join(ACT_FROM_HF)})")
-    return ACT_FROM_HF[name]
+# transformers.activations.ACT2FN, read by GPT-2, BERT, RoBERTa, ELECTRA, ALBERT, BART, XLNet (ungated MLPs):
+# "gelu" is exact (erf), "gelu_new" and "gelu_pytorch_tanh" the tanh approximation, "relu2" ReLU squared.
+ACT2FN_NAMES = ActNames(
+    "activation",
+    from_hf={
+        "gelu": "gelu",
+        "gelu_new": "gelu_tanh",
+        "gelu_pytorch_tanh": "gelu_tanh",
+        "relu": "relu",
+        "relu2": "relu2",
+        "silu": "silu",
+        "swish": "silu",
+    },
+    to_hf={"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2", "silu": "silu"},
+)
+
+
+def act_from_hf(name: str, where: str, names: ActNames = ACT2FN_NAMES) -> str:
+    """Our activation for the HF activation `name` of family `where` (LMForgeError when it has none)."""
+    return names.ours(name, where)
+
+
+def act_to_hf(activation: str, where: str, names: ActNames = ACT2FN_NAMES) -> str:
+    """The HF name of our `activation` in family `where` (LMForgeError when that model cannot compute it)."""
+    return names.theirs(activation, where)
 
 
 def build(family: dict, **fields) -> ModelConfig:
@@ -71,6 +109,8 @@ class Converter:
 
     model_type: str = ""
     arch: str = ""
+    activations: tuple[str, ...] = tuple(ACT2FN_NAMES.to_hf)
+    """Our activations this family's `transformers` model computes (its config_to_hf refuses the others)."""
 
     def config_from_hf(self, hf: dict, sd: Mapping[str, Tensor]) -> ModelConfig:
         """The ModelConfig of an HF config; `sd` (HF names) tells which optional heads the checkpoint has."""
@@ -186,7 +226,27 @@ def converter_of(cfg: ModelConfig, sd: Mapping[str, Tensor]) -> Converter:
     for conv in CONVERTERS.values():
         if conv.matches(cfg, sd):
             return conv
+    reason = activation_refusal(cfg, sd)
+    if reason is not None:
+        raise LMForgeError(f"model '{cfg.name}' has no Hugging Face equivalent: {reason}")
     raise LMForgeError(
         f"model '{cfg.name}' ({cfg.arch}) has no Hugging Face equivalent: its architecture matches none of "
         f"{', '.join(sorted(CONVERTERS))}"
     )
+
+
+def activation_refusal(cfg: ModelConfig, sd: Mapping[str, Tensor]) -> str | None:
+    """Why a family that would take `cfg` with another activation refuses its own, or None when none would.
+
+    Said instead of "matches none" so that a GPT-1 with exact GELU hears that transformers' GPT-1 has none."""
+    for conv in CONVERTERS.values():
+        for act in conv.activations:
+            other = dataclasses.replace(cfg, activation=act)
+            if act == cfg.activation or other.gated != cfg.gated:
+                continue  # a gated MLP has tensors an ungated one lacks: not a matter of activation
+            if conv.matches(other, sd):
+                try:
+                    conv.config_to_hf(cfg)
+                except LMForgeError as e:
+                    return str(e)
+    return None

@@ -9,7 +9,17 @@ from torch import Tensor
 from lmforge.errors import LMForgeError
 from lmforge.models import families
 from lmforge.models.config import ModelConfig
-from lmforge.models.hf.base import ACT_TO_HF, Converter, Pair, StateDict, act_from_hf, build, linear, register
+from lmforge.models.hf.base import (
+    ActNames,
+    Converter,
+    Pair,
+    StateDict,
+    act_from_hf,
+    act_to_hf,
+    build,
+    linear,
+    register,
+)
 
 
 def add_prefix(sd: StateDict, prefix: str, owned: tuple[str, ...]) -> StateDict:
@@ -17,6 +27,22 @@ def add_prefix(sd: StateDict, prefix: str, owned: tuple[str, ...]) -> StateDict:
     if any(k.startswith(prefix) for k in sd):
         return sd
     return {(prefix + k if k.startswith(owned) else k): v for k, v in sd.items()}
+
+
+# transformers' OpenAIGPT does not use ACT2FN but its own table (models/openai/modeling_openai.py, ACT_FNS), in
+# which "gelu" is the tanh approximation (`gelu_new`), as in the original GPT-1 code; it has no exact GELU.
+GPT1_ACT_NAMES = ActNames(
+    "afn",
+    from_hf={"gelu": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"},
+    to_hf={"gelu_tanh": "gelu", "relu": "relu", "silu": "silu"},
+    note="; its afn 'gelu' is the tanh approximation",
+)
+# Llama's MLP is act(gate) * up with ACT2FN[hidden_act]: silu gives our SwiGLU, a tanh GELU our GeGLU (Gemma's).
+LLAMA_ACT_NAMES = ActNames(
+    "hidden_act",
+    from_hf={"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"},
+    to_hf={"swiglu": "silu", "geglu": "gelu_pytorch_tanh"},
+)
 
 
 def _qkv_split(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -92,7 +118,7 @@ class GPT2Converter(_GPTBase):
             "n_inner": cfg.d_ff,
             "n_positions": cfg.max_seq_len,
             "layer_norm_epsilon": cfg.norm_eps,
-            "activation_function": ACT_TO_HF[cfg.activation],
+            "activation_function": act_to_hf(cfg.activation, "gpt2"),
             "scale_attn_weights": cfg.scale_attention,
             "resid_pdrop": cfg.dropout,
             "embd_pdrop": cfg.dropout,
@@ -107,6 +133,7 @@ class OpenAIGPTConverter(_GPTBase):
 
     model_type = "openai-gpt"
     emb = ("tokens_embed", "positions_embed")
+    activations = tuple(GPT1_ACT_NAMES.to_hf)
 
     def config_from_hf(self, hf: dict, sd: Mapping[str, Tensor]) -> ModelConfig:
         return build(
@@ -119,7 +146,7 @@ class OpenAIGPTConverter(_GPTBase):
             d_ff=4 * hf["n_embd"],
             max_seq_len=hf["n_positions"],
             norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-            activation=act_from_hf(hf.get("afn", "gelu"), "openai-gpt"),
+            activation=act_from_hf(hf.get("afn", "gelu"), "openai-gpt", GPT1_ACT_NAMES),
             dropout=hf.get("resid_pdrop", 0.1),
             attn_dropout=hf.get("attn_pdrop", 0.1),
             init_std=hf.get("initializer_range", 0.02),
@@ -135,7 +162,7 @@ class OpenAIGPTConverter(_GPTBase):
             "n_head": cfg.n_heads,
             "n_positions": cfg.max_seq_len,
             "layer_norm_epsilon": cfg.norm_eps,
-            "afn": ACT_TO_HF[cfg.activation],
+            "afn": act_to_hf(cfg.activation, "openai-gpt", GPT1_ACT_NAMES),
             "resid_pdrop": cfg.dropout,
             "embd_pdrop": cfg.dropout,
             "attn_pdrop": cfg.attn_dropout,
@@ -148,13 +175,12 @@ class LlamaConverter(Converter):
 
     model_type = "llama"
     arch = "decoder"
+    activations = tuple(LLAMA_ACT_NAMES.to_hf)
 
     def config_from_hf(self, hf: dict, sd: Mapping[str, Tensor]) -> ModelConfig:
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise LMForgeError(f"Hugging Face llama rope_type '{rope.get('rope_type')}' is not supported")
-        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
-            raise LMForgeError(f"Hugging Face llama hidden_act '{hf['hidden_act']}' is not supported (only silu)")
         bias = hf.get("attention_bias", False)
         if hf.get("mlp_bias", False) != bias:
             raise LMForgeError("Hugging Face llama with attention_bias != mlp_bias is not supported")
@@ -163,6 +189,7 @@ class LlamaConverter(Converter):
         return build(
             families.LLAMA,
             name="llama",
+            activation=act_from_hf(hf.get("hidden_act", "silu"), "llama", LLAMA_ACT_NAMES),
             bias=bias,
             tie_embeddings=hf.get("tie_word_embeddings", False),
             vocab_size=hf["vocab_size"],
@@ -181,8 +208,6 @@ class LlamaConverter(Converter):
         )
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
-        if cfg.activation != "swiglu":
-            raise LMForgeError("llama export needs activation 'swiglu'")
         return {
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],
@@ -195,7 +220,7 @@ class LlamaConverter(Converter):
             "head_dim": cfg.dim_head,
             "max_position_embeddings": cfg.max_seq_len,
             "rms_norm_eps": cfg.norm_eps,
-            "hidden_act": "silu",
+            "hidden_act": act_to_hf(cfg.activation, "llama", LLAMA_ACT_NAMES),
             "rope_theta": cfg.rope_base,
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
             "attention_bias": cfg.bias,

@@ -12,7 +12,7 @@ from torch import Tensor
 from lmforge.errors import LMForgeError
 from lmforge.models import families
 from lmforge.models.config import ModelConfig
-from lmforge.models.hf.base import ACT_TO_HF, Converter, Pair, StateDict, act_from_hf, build, linear, register
+from lmforge.models.hf.base import Converter, Pair, StateDict, act_from_hf, act_to_hf, build, linear, register
 from lmforge.models.hf.decoders import add_prefix
 
 
@@ -42,6 +42,8 @@ class _BertLike(Converter):
     """The next-sentence (sentence-order) classifier over the pooled output, None when the family has none."""
     pretraining_class: str | None = "BertForPreTraining"
     """The HF class holding both the MLM head and that classifier."""
+    head_act: str | None = None
+    """The activation of transformers' MLM head when it ignores hidden_act (ours applies model.activation)."""
 
     # ---------------------------------------------------------------------------------------------- config
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
@@ -50,6 +52,7 @@ class _BertLike(Converter):
     def _sizes_from_hf(self, hf: dict, sd: Mapping[str, Tensor]) -> dict:
         if hf.get("position_embedding_type", "absolute") != "absolute":
             raise LMForgeError(f"Hugging Face {self.model_type} position_embedding_type must be 'absolute'")
+        lm_head = f"{self.head_dense}.weight" in sd
         return dict(
             name=self.model_type,
             vocab_size=hf["vocab_size"],
@@ -60,19 +63,28 @@ class _BertLike(Converter):
             max_seq_len=hf["max_position_embeddings"],
             type_vocab_size=hf.get("type_vocab_size", 2),
             norm_eps=hf.get("layer_norm_eps", 1e-12),
-            activation=act_from_hf(hf.get("hidden_act", "gelu"), self.model_type),
+            activation=self._check_head_act(act_from_hf(hf.get("hidden_act", "gelu"), self.model_type), lm_head),
             dropout=hf.get("hidden_dropout_prob", 0.1),
             attn_dropout=hf.get("attention_probs_dropout_prob", 0.1),
             init_std=hf.get("initializer_range", 0.02),
             pad_id=hf.get("pad_token_id") or 0,
             pooler=self.pooler_name is not None and f"{self.pooler_name}.weight" in sd,
-            lm_head=f"{self.head_dense}.weight" in sd,
+            lm_head=lm_head,
             nsp_head=self.nsp_name is not None and f"{self.nsp_name}.weight" in sd,
             tie_embeddings=hf.get("tie_word_embeddings", True),
         )
 
     def config_from_hf(self, hf: dict, sd: Mapping[str, Tensor]) -> ModelConfig:
         return build(self._family(sd), **self._sizes_from_hf(hf, sd))
+
+    def _check_head_act(self, activation: str, lm_head: bool) -> str:
+        if lm_head and self.head_act is not None and activation != self.head_act:
+            raise LMForgeError(
+                f"Hugging Face {self.model_type} with an MLM head needs activation '{self.head_act}': transformers' "
+                f"{self.mlm_class} applies it in the head whatever hidden_act says, lmforge's head uses "
+                f"'{activation}' like the layers"
+            )
+        return activation
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
         if cfg.type_vocab_size < 1:
@@ -88,7 +100,7 @@ class _BertLike(Converter):
             "max_position_embeddings": cfg.max_seq_len,
             "type_vocab_size": cfg.type_vocab_size,
             "layer_norm_eps": cfg.norm_eps,
-            "hidden_act": ACT_TO_HF[cfg.activation],
+            "hidden_act": act_to_hf(self._check_head_act(cfg.activation, cfg.lm_head), self.model_type),
             "hidden_dropout_prob": cfg.dropout,
             "attention_probs_dropout_prob": cfg.attn_dropout,
             "initializer_range": cfg.init_std,
@@ -174,6 +186,7 @@ class RobertaConverter(_BertLike):
     )
     mlm_class, base_class = "RobertaForMaskedLM", "RobertaModel"
     nsp_name = pretraining_class = None
+    head_act = "gelu"  # RobertaLMHead calls gelu() itself
 
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
         return families.ROBERTA
@@ -207,6 +220,7 @@ class ElectraConverter(_BertLike):
     head_decoder = "generator_lm_head"
     mlm_class, base_class = "ElectraForMaskedLM", "ElectraModel"
     nsp_name = pretraining_class = None
+    head_act = "gelu"  # ElectraGeneratorPredictions: get_activation("gelu")
 
     def _family(self, sd: Mapping[str, Tensor]) -> dict:
         rtd = "discriminator_predictions.dense.weight" in sd

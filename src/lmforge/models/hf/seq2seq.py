@@ -10,7 +10,17 @@ from torch import Tensor
 from lmforge.errors import LMForgeError
 from lmforge.models import families
 from lmforge.models.config import ModelConfig
-from lmforge.models.hf.base import ACT_TO_HF, Converter, Pair, StateDict, act_from_hf, build, linear, register
+from lmforge.models.hf.base import (
+    ACT2FN_NAMES,
+    Converter,
+    Pair,
+    StateDict,
+    act_from_hf,
+    act_to_hf,
+    build,
+    linear,
+    register,
+)
 from lmforge.models.hf.decoders import add_prefix
 
 
@@ -84,7 +94,7 @@ class BartConverter(Converter):
             "encoder_ffn_dim": cfg.d_ff,
             "decoder_ffn_dim": cfg.d_ff,
             "max_position_embeddings": cfg.max_seq_len,
-            "activation_function": ACT_TO_HF[cfg.activation],
+            "activation_function": act_to_hf(cfg.activation, "bart"),
             "scale_embedding": cfg.scale_embeddings,
             "tie_word_embeddings": cfg.tie_embeddings,
             "dropout": cfg.dropout,
@@ -131,8 +141,28 @@ class BartConverter(Converter):
         return "AutoModelForSeq2SeqLM"
 
 
-_T5_FFN = {"relu": "relu", "gated-gelu": "geglu", "gated-silu": "swiglu", "gelu": "gelu", "gelu_new": "gelu_tanh"}
-_T5_FFN_TO_HF = {v: k for k, v in _T5_FFN.items()}
+# T5Config.feed_forward_proj is "ACT" or "gated-ACT" with ACT an ACT2FN name, except that "gated-gelu" means the
+# tanh GELU (T5 v1.1's gelu_new). The gated forms we have: GeGLU (tanh GELU) and SwiGLU.
+_T5_GATED = {"gelu_tanh": "geglu", "silu": "swiglu"}
+_T5_GATED_TO_HF = {"geglu": "gated-gelu", "swiglu": "gated-silu"}
+
+
+def _t5_activation(ffn: str) -> str:
+    """Our activation for a T5 feed_forward_proj."""
+    gated, _, act = ffn.rpartition("-")
+    if gated not in ("", "gated"):
+        raise LMForgeError(f"Hugging Face t5 feed_forward_proj '{ffn}' is not supported")
+    if gated and act == "gelu":
+        act = "gelu_new"
+    ours = act_from_hf(act, "t5")
+    if gated and ours not in _T5_GATED:
+        raise LMForgeError(f"Hugging Face t5 feed_forward_proj '{ffn}' is not supported (gated: gelu, silu)")
+    return _T5_GATED[ours] if gated else ours
+
+
+def _t5_ffn(activation: str) -> str:
+    """The feed_forward_proj of our activation."""
+    return _T5_GATED_TO_HF.get(activation) or act_to_hf(activation, "t5")
 
 
 class T5Converter(Converter):
@@ -140,11 +170,11 @@ class T5Converter(Converter):
 
     model_type = "t5"
     arch = "encoder-decoder"
+    activations = (*ACT2FN_NAMES.to_hf, *_T5_GATED_TO_HF)
 
     def config_from_hf(self, hf: dict, sd: Mapping[str, Tensor]) -> ModelConfig:
         ffn = hf.get("feed_forward_proj", "relu")
-        if ffn not in _T5_FFN:
-            raise LMForgeError(f"Hugging Face t5 feed_forward_proj '{ffn}' is not supported")
+        activation = _t5_activation(ffn)
         # transformers >= 5 always writes tie_word_embeddings=true; the weights say whether the head is tied.
         tied = _tied(sd.get("lm_head.weight"), sd.get("shared.weight"))
         scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
@@ -162,7 +192,7 @@ class T5Converter(Converter):
             d_ff=hf["d_ff"],
             max_seq_len=hf.get("n_positions", 512),
             norm_eps=hf.get("layer_norm_epsilon", 1e-6),
-            activation=_T5_FFN[ffn],
+            activation=activation,
             rel_buckets=hf.get("relative_attention_num_buckets", 32),
             rel_max_distance=hf.get("relative_attention_max_distance", 128),
             tie_embeddings=tied,
@@ -187,7 +217,7 @@ class T5Converter(Converter):
             "relative_attention_num_buckets": cfg.rel_buckets,
             "relative_attention_max_distance": cfg.rel_max_distance,
             "layer_norm_epsilon": cfg.norm_eps,
-            "feed_forward_proj": _T5_FFN_TO_HF[cfg.activation],
+            "feed_forward_proj": _t5_ffn(cfg.activation),
             "tie_word_embeddings": cfg.tie_embeddings,
             "scale_decoder_outputs": cfg.scale_tied_logits,
             "dropout_rate": cfg.dropout,

@@ -15,7 +15,7 @@ from torch import Tensor
 from lmforge.errors import LMForgeError
 from lmforge.models import families
 from lmforge.models.config import ModelConfig
-from lmforge.models.hf.base import ACT_TO_HF, Converter, Pair, StateDict, act_from_hf, build, linear, register
+from lmforge.models.hf.base import Converter, Pair, StateDict, act_from_hf, act_to_hf, build, linear, register
 
 _IN_PROJ = ("q", "k", "v", "r")  # x @ W
 _MASK_EMB = "transformer.mask_emb"
@@ -77,8 +77,6 @@ class XLNetConverter(Converter):
     def config_to_hf(self, cfg: ModelConfig) -> dict:
         if cfg.head_dim not in (None, cfg.d_model // cfg.n_heads) or cfg.d_model % cfg.n_heads:
             raise LMForgeError("xlnet export needs head_dim = d_model // n_heads")
-        if cfg.activation not in ACT_TO_HF:
-            raise LMForgeError(f"xlnet export does not support activation '{cfg.activation}'")
         return {
             "model_type": "xlnet",
             "architectures": ["XLNetLMHeadModel" if cfg.lm_head else "XLNetModel"],
@@ -89,7 +87,7 @@ class XLNetConverter(Converter):
             "n_head": cfg.n_heads,
             "d_head": cfg.d_model // cfg.n_heads,
             "d_inner": cfg.d_ff,
-            "ff_activation": ACT_TO_HF[cfg.activation],
+            "ff_activation": act_to_hf(cfg.activation, "xlnet"),
             "layer_norm_eps": cfg.norm_eps,
             "mem_len": cfg.mem_len or None,
             "clamp_len": cfg.clamp_len or -1,
