@@ -9,6 +9,8 @@ Epoch e shuffles the windows with ``np.random.default_rng(seed + e).permutation`
 windows ``perm[i*B*W : (i+1)*B*W]`` (B = per-rank batch size, W = world size) and rank r takes rows
 ``[r*B, (r+1)*B)`` of it, so the union over ranks does not depend on how the global batch is split.
 The incomplete last global batch of an epoch is dropped and the next epoch starts automatically.
+Validation (``eval_global``) reads the windows in order, a global batch at a time, each rank scoring its rows:
+the windows scored, and any noise drawn for a global batch, do not depend on the number of processes.
 """
 
 from __future__ import annotations
@@ -142,12 +144,13 @@ class TokenLoader:
         self.epoch, self.batch = resume_position(self, state, ("seed", "seq_len", "global_batch", "n_windows"))
         self._perm = None
 
-    def eval_batches(self, max_batches: int | None = None) -> Iterator[torch.Tensor]:
-        """Windows in stream order (no shuffle), this rank's rows of each global batch.
+    def eval_global(self, max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, slice]]:
+        """Validation: windows in stream order (no shuffle), each global batch whole (the same on every rank) with
+        the slice of its rows that is this rank's.
 
-        Covers every window once, including a final smaller batch; ``max_batches`` caps the number of
-        global batches. With several ranks the tail is split evenly and a rank may get one batch fewer,
-        so reduce sums of loss and token counts after the loop, not inside it.
+        Covers every window once, including a final smaller batch; ``max_batches`` caps the number of global
+        batches, so the windows scored depend on batch_size * world_size, not on how it is split. Every rank gets
+        the same number of batches; in the last one a rank's slice may be empty (fewer windows than ranks).
         """
         n_global = -(-self.n_windows // self.global_batch)
         if max_batches is not None:
@@ -155,9 +158,35 @@ class TokenLoader:
         for i in range(n_global):
             lo = i * self.global_batch
             hi = min(lo + self.global_batch, self.n_windows)
-            mine = np.array_split(np.arange(lo, hi), self.world_size)[self.rank]
-            if len(mine):
-                yield self._windows(mine)
+            yield self._windows(np.arange(lo, hi)), rank_rows(hi - lo, self.rank, self.world_size)
+
+    def eval_batches(self, max_batches: int | None = None) -> Iterator[torch.Tensor]:
+        """This rank's rows of each of `eval_global`'s batches (none where its slice is empty), so reduce sums of
+        loss and token counts over ranks after the loop, not inside it."""
+        return rank_batches(self.eval_global(max_batches))
+
+
+def rank_rows(n: int, rank: int, world_size: int) -> slice:
+    """Rank `rank`'s rows of an n-row global batch: contiguous, sizes differing by at most one
+    (`np.array_split`'s)."""
+    q, r = divmod(n, world_size)
+    start = rank * q + min(rank, r)
+    return slice(start, start + q + (rank < r))
+
+
+def take_rows(batch: torch.Tensor | dict, rows: slice) -> torch.Tensor | dict:
+    """Rows of a batch: a tensor, or a dict of batch-first tensors (values of another length are kept whole)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[rows]
+    n = next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim())
+    return {k: v[rows] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v for k, v in batch.items()}
+
+
+def rank_batches(global_batches: Iterator[tuple[torch.Tensor | dict, slice]]) -> Iterator[torch.Tensor | dict]:
+    """The non-empty rank slices of (global batch, rows) pairs."""
+    for batch, rows in global_batches:
+        if rows.stop > rows.start:
+            yield take_rows(batch, rows)
 
 
 def unigram_cross_entropy(data_dir: Path) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmforge.data.loader import Split, open_tokens, read_meta, resume_position
+from lmforge.data.loader import Split, open_tokens, rank_batches, read_meta, resume_position
 from lmforge.errors import LMForgeError
 
 
@@ -67,9 +67,11 @@ class StreamLoader:
         """Where the segments of `epoch` start inside each row (identical on every rank)."""
         return int(np.random.default_rng(self.seed + epoch).integers(self.seq_len))
 
-    def window(self, start: int) -> torch.Tensor:
-        """This rank's rows, tokens [start, start + seq_len] of each: (B, seq_len + 1) in one fancy-index read."""
-        idx = (self._starts + start)[:, None] + self._offsets[None, :]
+    def window(self, start: int, rows: np.ndarray | None = None) -> torch.Tensor:
+        """Rows (default: this rank's) at tokens [start, start + seq_len] of each: (B, seq_len + 1) in one
+        fancy-index read."""
+        starts = self._starts if rows is None else rows * self.row_len
+        idx = (starts + start)[:, None] + self._offsets[None, :]
         return torch.from_numpy(self.tokens[idx].astype(np.int64))
 
     def __iter__(self) -> StreamLoader:
@@ -97,12 +99,18 @@ class StreamLoader:
         """Resume exactly where `state` was taken (the world size may change, the global batch not)."""
         self.epoch, self.batch = resume_position(self, state, ("seed", "seq_len", "global_batch", "n_tokens"))
 
-    def eval_batches(self, max_batches: int | None = None) -> Iterator[torch.Tensor]:
-        """The rows' consecutive windows from offset 0 (at most `max_batches`), for validation with memory."""
+    def eval_global(self, max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, slice]]:
+        """Validation with memory: all G rows' consecutive windows from offset 0 (at most `max_batches`), the same on
+        every rank, with the slice of rows that is this rank's (the rows it carries memory for)."""
         if self.on_eval_start is not None:
             self.on_eval_start()
         n = (self.row_len - 1) // self.seq_len
         if max_batches is not None:
             n = min(n, max_batches)
+        rows, mine = np.arange(self.global_batch), slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         for t in range(n):
-            yield self.window(t * self.seq_len)
+            yield self.window(t * self.seq_len, rows), mine
+
+    def eval_batches(self, max_batches: int | None = None) -> Iterator[torch.Tensor]:
+        """This rank's rows of `eval_global`'s windows."""
+        return rank_batches(self.eval_global(max_batches))

@@ -48,7 +48,9 @@ class Objective:
         return Transformer(model_cfg)
 
     def make_loader(self, data_dir, split: str, *, rank: int = 0, world_size: int = 1):
-        """An iterable of (B, T + 1) token windows with state_dict()/load_state_dict() and eval_batches(n)."""
+        """An iterable of this rank's (B, T + 1) token windows with state_dict()/load_state_dict(), and for
+        validation eval_global(n): global batches (the same on every rank) with the slice of rows that is the
+        rank's, so that validation does not depend on the number of processes."""
         from lmforge.data import TokenLoader
 
         t = self.cfg.train

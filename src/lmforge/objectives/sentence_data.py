@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from lmforge.data.loader import open_tokens, read_meta, resume_position
+from lmforge.data.loader import open_tokens, rank_batches, rank_rows, read_meta, resume_position
 from lmforge.errors import LMForgeError
 
 _FINAL = set(".!?")
@@ -169,18 +169,20 @@ class ChunkLoader:
         self.epoch, self.batch = resume_position(self, state, ("seed", "seq_len", "global_batch", "n_examples"))
         self._perm = None
 
-    def eval_batches(self, max_batches: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-        """Chunks in stream order, this rank's rows of each global batch, the same examples on every call."""
+    def eval_global(self, max_batches: int | None = None) -> Iterator[tuple[dict[str, torch.Tensor], slice]]:
+        """Chunks in stream order, a global batch at a time (the same examples on every rank and every call), with
+        the slice of its rows that is this rank's (possibly empty in the last batch)."""
         n_global = -(-self.n_examples // self.global_batch)
         if max_batches is not None:
             n_global = min(n_global, max_batches)
         for i in range(n_global):
             lo, hi = i * self.global_batch, min((i + 1) * self.global_batch, self.n_examples)
-            parts = np.array_split(np.arange(hi - lo), self.world_size)
-            mine = parts[self.rank]
-            if len(mine):
-                rng = np.random.default_rng([self.seed, 1 << 30, i])
-                yield self._rows(np.arange(lo, hi), rng, slice(int(mine[0]), int(mine[-1]) + 1))
+            rng = np.random.default_rng([self.seed, 1 << 30, i])
+            yield self.examples(np.arange(lo, hi), rng), rank_rows(hi - lo, self.rank, self.world_size)
+
+    def eval_batches(self, max_batches: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's rows of `eval_global`'s batches."""
+        return rank_batches(self.eval_global(max_batches))
 
 
 def gather_rows(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int, fill: int) -> np.ndarray:

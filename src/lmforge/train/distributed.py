@@ -88,12 +88,17 @@ def average_gradients(params: list[torch.Tensor], info: DistInfo) -> None:
 
 def sum_across(value: float, info: DistInfo) -> float:
     """The sum of a number over ranks."""
+    return sums_across([value], info)[0]
+
+
+def sums_across(values: list[float], info: DistInfo) -> list[float]:
+    """The sums of several numbers over ranks, in one all-reduce (float64; every rank must call it)."""
     if not info.enabled:
-        return value
+        return list(values)
     device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t)
+    return t.tolist()
 
 
 def cleanup(info: DistInfo) -> None:

@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 
 from lmforge.config import Config, to_dict
+from lmforge.data.loader import take_rows
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
 from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
+from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed, sums_across
 from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, peak_flops
 from lmforge.train.prefetch import Batch
@@ -100,7 +101,7 @@ class Pretraining:
         t = cfg.train
         loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
         batches = ObjectiveBatches(loader, self.objective.transform, rank_seed(cfg.run.seed, d.rank) + 0x0B1E)
-        self.val_loader = self.objective.make_loader(self.data_dir, "val")
+        self.val_loader = self.objective.make_loader(self.data_dir, "val", rank=d.rank, world_size=d.world_size)
         spec = LoopSpec(
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
             evaluate=self.evaluate,
@@ -140,15 +141,22 @@ class Pretraining:
         return self.loop.model
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Validation loss (nats/token), perplexity and bits per byte over the deterministic val pass."""
+        """Validation loss (nats/token), perplexity and bits per byte over the deterministic val pass: the same
+        windows, corruptions and number, however many processes share each global batch."""
         total, n = 0.0, 0
         # Objectives that corrupt at random may give validation fixed corruptions (e.g. static MLM masks).
         transform = getattr(self.objective, "eval_transform", self.objective.transform)
-        for tokens in self.val_loader.eval_batches(self.cfg.train.eval_batches):
-            batch = {k: v.to(self.device) for k, v in transform(tokens).items()}
-            out = self.objective.loss(self.raw_model, batch)
-            total += float(out.loss) * int(out.n_tokens)
-            n += int(out.n_tokens)
+        for tokens, rows in self.val_loader.eval_global(self.cfg.train.eval_batches):
+            # The whole global batch is corrupted on every rank (its noise is a function of the whole batch), then
+            # each rank scores its rows. A rank left without rows in the last batch still runs a forward on one
+            # row, which it does not count: under fsdp every rank must take part in each forward's all-gathers.
+            mine = rows.stop > rows.start
+            batch = take_rows(transform(tokens), rows if mine else slice(0, 1))
+            out = self.objective.loss(self.raw_model, {k: v.to(self.device) for k, v in batch.items()})
+            if mine:
+                total += float(out.loss) * int(out.n_tokens)
+                n += int(out.n_tokens)
+        total, n = sums_across([total, n], self.dist)
         loss = total / max(n, 1)
         if not self.objective.language_model:
             return {"val_loss": loss}
