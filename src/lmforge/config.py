@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from lmforge.checkpoints import newest_config
 from lmforge.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
@@ -341,15 +343,16 @@ def get_key(tree: dict, dotted: str) -> Any:
 def resumed(
     run_dir: Path, recipe: str | None, overrides: list[str] | dict | None, build: Callable[[dict], Any],
     dump: Callable[[Any], dict], fixed: tuple[str, ...] = FIXED_ON_RESUME,
+    unpack: Callable[[dict], dict] | None = None,
 ) -> Any | None:  # fmt: skip
     """The config a resumed run continues with: its own RUN/config.yaml with the user's overrides on top (None
     when the run has no config yet), built by `build` and dumped back by `dump`. Overrides may change train.*
     (except the `fixed` keys the saved data position depends on) and sample.*, and apply from the resumed step on;
-    anything else is refused with one line."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
+    anything else is refused with one line. A missing or unreadable config.yaml gives way to the newest checkpoint's
+    own config (`unpack` takes the run's config out of it, where the checkpoint holds more)."""
+    saved = saved_run_config(Path(run_dir), build, unpack or (lambda c: c))
+    if saved is None:
         return None
-    saved = read_yaml(path)
     user = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
     made_with = get_key(saved, "run.recipe")
     if recipe is not None and made_with is not None and Path(str(recipe)).stem != Path(str(made_with)).stem:
@@ -366,6 +369,30 @@ def resumed(
                 f"cannot change {key} when resuming ({was!r} → {now!r}): start a new run with another --run.dir"
             )
     return cfg
+
+
+def saved_run_config(run_dir: Path, build: Callable[[dict], Any], unpack: Callable[[dict], dict]) -> dict | None:
+    """RUN/config.yaml; when it is missing, or not a config `build` accepts, the config of the newest checkpoint
+    whose config.yaml is intact (every checkpoint carries its own), said in one note line. None when the run has
+    neither; a damaged config.yaml without a checkpoint config to replace it is one error line."""
+    path = run_dir / "config.yaml"
+    problem = None
+    if path.is_file():
+        try:
+            saved = read_yaml(path)
+            build(saved)
+            return saved
+        except LMForgeError as e:
+            problem = str(e)
+    found = newest_config(run_dir)
+    if found is None:
+        if problem is not None:
+            raise LMForgeError(f"cannot resume {run_dir}: {problem}, and no checkpoint holds a config to continue with")
+        return None
+    ckpt, config = found
+    why = "is missing" if problem is None else f"is unreadable ({problem})"
+    print(f"note: {path} {why}: resuming with the config saved in {ckpt}", file=sys.stderr)
+    return unpack(config)
 
 
 def resolved_run_dir(recipe: str | None, kind: str, user: dict, default: str | None = None) -> Path:

@@ -21,7 +21,10 @@ def align_config(
     if resume:
         run_dir = resolved_run_dir(recipe, "align", user)
         given = merge_dicts(user, {"ppo": {"reward": reward}}) if reward else user  # must match the saved one
-        cfg = resumed(run_dir, recipe, given, build_align_config, align_to_dict, fixed=RESUME_FIXED)
+        cfg = resumed(
+            run_dir, recipe, given, build_align_config, align_to_dict, fixed=RESUME_FIXED,
+            unpack=lambda saved: saved.get("align") or {},  # a checkpoint holds the run's config under align
+        )  # fmt: skip
     if cfg is None:
         cfg = load_align_config(recipe, user, init=init, reward=reward)
     if cfg.method != method:

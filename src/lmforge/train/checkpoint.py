@@ -49,25 +49,32 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+# Reading checkpoints lives a floor below (lmforge/checkpoints.py: config's resume rules use it); callers keep
+# reading its names from here too.
+from lmforge.checkpoints import (  # noqa: F401
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    SHARDS_METADATA,
+    WEIGHTS_FILE,
+    _checkpoints_in,
+    _step_of,
+    latest_checkpoint,
+    list_checkpoints,
+    read_config,
+    verify_checkpoint,
+)
 from lmforge.errors import LMForgeError
 from lmforge.files import HashingWriter, fsync_dir, hash_file, load_torch_file, os_reason, write_atomic
-from lmforge.models.config import upgrade_saved_model
 from lmforge.models.wrappers import unwrap_model
 from lmforge.train.parallel import local, shard_like
 
-CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
 """RUN/best: the checkpoint with the best dev metric of a run that selects one (fine-tuning, alignment)."""
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.yaml"
 TRAIN_STATE_FILE = "train_state.pt"
-MANIFEST_FILE = "manifest.json"
-SHARDS_DIR = "dcp"
-"""The torch.distributed.checkpoint directory of a sharded checkpoint (train/dcp.py)."""
-SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
 _RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE, SHARDS_DIR}
 _TIED_META = "lmforge.tied"  # safetensors metadata: JSON {alias name: stored name}
-_STEP_RE = re.compile(r"step_(\d+)")
 _SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)(?:-([0-9a-f]+))?")
 # Scratch dirs carry the writer's pid and this nonce: a container's trainer is PID 1 in every run, so the pid
 # alone cannot tell this process's scratch dirs from those a killed predecessor with the same pid left.
@@ -369,77 +376,6 @@ def _check_plain_data(obj: Any, where: str) -> None:
         )
 
 
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint directories of a run, oldest step first (not verified)."""
-    return _checkpoints_in(Path(run_dir) / CHECKPOINTS_DIR)
-
-
-def _checkpoints_in(root: Path) -> list[Path]:
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_RE.fullmatch(p.name)]
-    return sorted(found, key=_step_of)
-
-
-def _step_of(ckpt: Path) -> int:
-    return int(ckpt.name.split("_", 1)[1])
-
-
-def verify_checkpoint(ckpt: Path) -> str | None:
-    """None when every file matches the manifest, else why the checkpoint is unusable."""
-    ckpt = Path(ckpt)
-    if not ckpt.is_dir():
-        return "not a directory"
-    try:
-        manifest = json.loads((ckpt / MANIFEST_FILE).read_text(encoding="utf-8"))
-        files = {rel: (int(e["size"]), str(e["sha256"])) for rel, e in manifest["files"].items()}
-    except FileNotFoundError:
-        return f"no {MANIFEST_FILE} (the save did not finish)"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"{MANIFEST_FILE} is unreadable"
-    if WEIGHTS_FILE not in files and SHARDS_METADATA not in files:
-        return f"{MANIFEST_FILE} lists no {WEIGHTS_FILE}"
-    for rel, (size, _) in files.items():  # cheap checks first
-        path = ckpt / rel
-        if not path.is_file():
-            return f"missing file {rel}"
-        actual = path.stat().st_size
-        if actual != size:
-            return f"{rel} has {actual} bytes, the manifest says {size}"
-    for rel, (_, digest) in files.items():
-        try:
-            if hash_file(ckpt / rel)[1] != digest:
-                return f"{rel} does not match its sha256 in the manifest"
-        except OSError as e:
-            return f"cannot read {rel}: {os_reason(e)}"
-    return None
-
-
-def latest_checkpoint(path: Path) -> Path:
-    """The checkpoint to resume from: ``path`` itself if it is a checkpoint, else the run's newest valid one.
-
-    A newer checkpoint that fails verification is skipped with a warning on stderr.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise LMForgeError(f"no checkpoint at {path}: the path does not exist")
-    if (path / MANIFEST_FILE).exists() or (path / WEIGHTS_FILE).exists() or _STEP_RE.fullmatch(path.name):
-        reason = verify_checkpoint(path)
-        if reason is not None:
-            raise LMForgeError(f"checkpoint {path} is not usable: {reason}")
-        return path
-    root = path if path.name == CHECKPOINTS_DIR else path / CHECKPOINTS_DIR
-    ckpts = _checkpoints_in(root)
-    if not ckpts:
-        raise LMForgeError(f"no checkpoints in {root}")
-    for ckpt in reversed(ckpts):
-        reason = verify_checkpoint(ckpt)
-        if reason is None:
-            return ckpt
-        print(f"warning: skipping checkpoint {ckpt}: {reason}", file=sys.stderr)
-    raise LMForgeError(f"no usable checkpoint in {root}: all {len(ckpts)} failed verification")
-
-
 def model_checkpoint(path: Path) -> Path:
     """The checkpoint a run's model is read from: RUN/best for runs that select by a dev metric, else what
     `latest_checkpoint` finds (``path`` itself when it is a checkpoint dir)."""
@@ -535,23 +471,6 @@ def load_train_state(ckpt: Path) -> dict:
     if not isinstance(state, dict):
         raise LMForgeError(f"{path} does not hold a dict")
     return state
-
-
-def read_config(ckpt: Path) -> dict:
-    """The resolved config stored with a checkpoint (or a run dir)."""
-    path = Path(ckpt) / CONFIG_FILE
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise LMForgeError(f"no {CONFIG_FILE} in {ckpt}") from e
-    except (OSError, yaml.YAMLError) as e:
-        raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0]}") from e
-    if not isinstance(config, dict):
-        raise LMForgeError(f"{path} does not hold a mapping")
-    for section in ("model", "backbone"):  # fine-tuned runs keep their pretrained model under backbone
-        if isinstance(config.get(section), dict):
-            config[section] = upgrade_saved_model(config[section])
-    return config
 
 
 def _write_yaml(path: Path, config: dict) -> None:
