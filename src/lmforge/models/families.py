@@ -7,13 +7,14 @@ from __future__ import annotations
 
 # Decoders ---------------------------------------------------------------------------------------------------------
 
-# GPT-1 (Radford et al. 2018 §4.1): post-LN blocks, no final norm, exact GELU, learned positions, tied embeddings.
+# GPT-1 (Radford et al. 2018 §4.1): post-LN blocks, no final norm, GELU, learned positions, tied embeddings. The GELU
+# is the tanh approximation: the released finetune-transformer-lm code's `gelu`, and transformers' OpenAIGPT afn.
 GPT1 = dict(
     arch="decoder",
     norm="layernorm",
     norm_position="post",
     final_norm=False,
-    activation="gelu",
+    activation="gelu_tanh",
     position="learned",
     tie_embeddings=True,
 )
