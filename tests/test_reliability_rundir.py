@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,3 +134,97 @@ def test_a_fine_tuning_resume_takes_the_run_config_out_of_its_checkpoint(tmp_pat
     (ckpt / "manifest.json").write_text(json.dumps({"files": {"config.yaml": {"size": size, "sha256": digest}}}))
     resumed = finetune_config(None, None, {"run": {"dir": str(run)}}, resume=True)
     assert finetune_to_dict(resumed) == finetune_to_dict(cfg)
+
+
+# --- RUN/.lock deleted while the run is live ------------------------------------------------------------------------
+
+# The CLI, waiting inside the checkpoint writes of the given steps (scratch dir partly written, nothing published)
+# until the test creates the file GO-<step>.
+HOLDING_CLI = """
+import sys, time
+from pathlib import Path
+from lmforge.cli import main
+from lmforge.train.callbacks import install
+go, steps = sys.argv[1], {int(s) for s in sys.argv[2].split(",")}
+def hold(step):
+    if step in steps:
+        print(f"holding checkpoint {step}", file=sys.stderr, flush=True)
+        while not Path(f"{go}-{step}").exists():
+            time.sleep(0.02)
+install("checkpoint", hold)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+class Holding:
+    """A CLI run in HOLDING_CLI, its stderr collected line by line in a thread (so the test can wait for a line)."""
+
+    def __init__(self, prepared, run: Path, steps: str) -> None:
+        args = pretrain_args(prepared, run, "--train.max_steps=6", "--train.save_every=2")
+        cmd = [sys.executable, "-c", HOLDING_CLI, str(run.parent / "go"), steps, *args]
+        self.proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(x.rstrip("\n") for x in self.proc.stderr))
+        self.reader.start()
+
+    def wait_line(self, start: str, timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [x for x in list(self.lines) if x.startswith(start)]
+            if found:
+                return found[-1]
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.02)
+        self.proc.kill()
+        pytest.fail(f"no line {start!r}:\n" + "\n".join(self.lines[-20:]))
+
+    def finish(self) -> int:
+        rc = self.proc.wait(timeout=120)
+        self.reader.join(timeout=10)
+        return rc
+
+
+def second_run(prepared, run: Path) -> subprocess.CompletedProcess:
+    args = pretrain_args(prepared, run, "--train.max_steps=6", "--train.save_every=2", "--resume")
+    return subprocess.run([sys.executable, "-m", "lmforge.cli", *args], env=ENV, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_a_run_whose_lock_file_another_process_replaced_stops_before_publishing(prepared, tmp_path):
+    from lmforge.train import checkpoint as ck
+
+    run = tmp_path / "run"
+    first = Holding(prepared, run, "4")
+    first.wait_line("holding checkpoint 4")
+    (run / ".lock").unlink()  # a second writer gets in, resumes from step_2 and finishes
+    second = second_run(prepared, run)
+    assert second.returncode == 0, second.stderr
+    assert f"resumed from {run}/checkpoints/step_2 at step 2" in second.stderr
+    manifests = {c.name: (c / "manifest.json").read_bytes() for c in ck.list_checkpoints(run)}
+    (tmp_path / "go-4").touch()  # the first one goes on: it must not publish over the second's step_4
+    assert first.finish() == 2
+    assert first.lines[-1] == (
+        f"error: run dir {run} is no longer this process's: {run}/.lock was deleted or replaced while the run held "
+        "it; checkpoint step_4 was not saved, so that two processes never write one run dir"
+    )
+    assert {c.name: (c / "manifest.json").read_bytes() for c in ck.list_checkpoints(run)} == manifests
+    assert all(ck.verify_checkpoint(c) is None for c in ck.list_checkpoints(run))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]  # no scratch
+
+
+def test_a_deleted_lock_file_is_taken_again_at_the_next_checkpoint(prepared, tmp_path):
+    run = tmp_path / "run"
+    first = Holding(prepared, run, "2,4")
+    first.wait_line("holding checkpoint 2")
+    (run / ".lock").unlink()
+    (tmp_path / "go-2").touch()
+    warning = first.wait_line("warning: ", timeout=30)  # step_2 is published with the lock taken again
+    assert warning == f"warning: {run}/.lock was deleted while this run held it: locked again"
+    first.wait_line("holding checkpoint 4")
+    second = second_run(prepared, run)
+    assert second.returncode == 2
+    refusal = second.stderr.strip().splitlines()[-1]
+    assert refusal.startswith(f"error: run dir {run} is in use by process {first.proc.pid} on ")
+    (tmp_path / "go-4").touch()
+    assert first.finish() == 0, "\n".join(first.lines[-20:])

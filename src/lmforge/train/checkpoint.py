@@ -69,6 +69,7 @@ from lmforge.errors import LMForgeError
 from lmforge.files import HashingWriter, fsync_dir, hash_file, load_torch_file, os_reason, write_atomic
 from lmforge.models.wrappers import unwrap_model
 from lmforge.train.parallel import local, shard_like
+from lmforge.train.rundir import check_lock
 
 BEST_DIR = "best"
 """RUN/best: the checkpoint with the best dev metric of a run that selects one (fine-tuning, alignment)."""
@@ -308,7 +309,9 @@ def write_manifest(tmp: Path, step: int, known: dict[str, dict] | None = None) -
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Rename the finished scratch dir into place; a same-step checkpoint is replaced."""
+    """Rename the finished scratch dir into place; a same-step checkpoint is replaced. A run whose run-dir lock is
+    no longer its own (a second process got in) stops here instead (`RunLock.check`)."""
+    check_lock(final, f"checkpoint {final.name} was not saved")
     old = None
     if final.exists():
         old = final.with_name(f".old-{final.name}-{os.getpid()}-{_NONCE}")

@@ -27,7 +27,11 @@ except ImportError:  # not POSIX: runs are not locked
 
 class RunLock:
     """Holds RUN/.lock from `acquire()` until `release()` (or the process's end). `what` and `option` name the dir
-    in the refusal (an experiment's or a sweep's dir: "experiment dir", "--out")."""
+    in the refusal (an experiment's or a sweep's dir: "experiment dir", "--out").
+
+    A lock file deleted while the run holds it would let a second process in (its lock is on a new file), so
+    `check()` runs before each checkpoint is published: a deleted lock file is made and taken again; one that
+    another file replaced stops this run instead, before it writes over what the other process writes."""
 
     def __init__(self, run_dir: Path, what: str = "run dir", option: str = "--run.dir") -> None:
         self.path = Path(run_dir) / LOCK_FILE
@@ -39,15 +43,17 @@ class RunLock:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not _lock(fd):
             holder = _describe(self.path)
             os.close(fd)
             raise LMForgeError(
                 f"{self.what} {self.path.parent} is in use by {holder}: wait for it to finish, or choose another "
                 f"{self.option}"
-            ) from None
+            )
+        self._take(fd)
+
+    def _take(self, fd: int) -> None:
+        """Record this process in the locked file `fd` (for the refusal of the next one) and hold it."""
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -57,12 +63,90 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(info) + "\n").encode())
         self._fd = fd
+        _HELD.append(self)
 
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+            _HELD.remove(self)
+
+    def check(self, action: str) -> None:
+        """Raise one line unless RUN/.lock is still the file this process locked; `action` is what is refused
+        then ("checkpoint step_6 was not saved"). A deleted lock file is made again and taken (a warning)."""
+        if self._fd is None:
+            return
+        held = os.fstat(self._fd)
+        try:
+            now = os.lstat(self.path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return
+        if now is None and self._retake():
+            print(f"warning: {self.path} was deleted while this run held it: locked again", file=sys.stderr)
+            return
+        holder = lock_holder(self.path.parent)
+        raise LMForgeError(
+            f"{self.what} {self.path.parent} is no longer this process's: {self.path} was deleted or replaced while "
+            f"the run held it" + (f", and {holder} holds it now" if holder else "") + f"; {action}, so that two "
+            "processes never write one run dir"
+        )
+
+    def _retake(self) -> bool:
+        """Make and lock a new lock file in place of a deleted one; False when another process got there first."""
+        try:
+            fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        except (OSError, LMForgeError):
+            return False
+        if not _lock(fd):
+            os.close(fd)
+            return False
+        old, self._fd = self._fd, None
+        _HELD.remove(self)
+        os.close(old)  # its flock is on the deleted file
+        self._take(fd)
+        return True
+
+
+_HELD: list[RunLock] = []
+"""The locks this process holds, which `check_lock` finds by path."""
+
+
+def _lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def check_lock(path: Path, action: str) -> None:
+    """Before `path` (a checkpoint) is published: the lock this process holds on a dir above it must still be its
+    own (`RunLock.check`). Paths under no lock of this process (another rank's, a test's) are not checked."""
+    where = Path(os.path.abspath(path))
+    for lock in list(_HELD):
+        if Path(os.path.abspath(lock.path.parent)) in where.parents:
+            lock.check(action)
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """Who holds `run_dir`'s lock ("process N on HOST (started ...)"), or None when no live process does."""
+    if fcntl is None:
+        return None
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = open_no_follow(path, os.O_RDWR)
+    except (OSError, LMForgeError):
+        return None
+    try:
+        if not _lock(fd):
+            return _describe(path)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _describe(path: Path) -> str:
