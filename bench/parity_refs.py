@@ -132,7 +132,7 @@ def nanot5_model(model_cfg, state_dict, checkout: Path, tokenizer=None) -> nn.Mo
 
 def causal_lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
     """objectives/causal_lm.py: mean next-token cross-entropy over every position, float32 softmax statistics."""
-    logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
+    logits = model(input_ids=batch["input_ids"], use_cache=False).logits  # (B, T, V); no KV cache in training
     labels = batch["labels"]
     return LossOutput(F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()), labels.numel())
 
@@ -178,14 +178,20 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
     return LossOutput(F.cross_entropy(logits.float(), target), index.numel())
 
 
-def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], **kwargs) -> LossOutput:
     """objectives/seq2seq.py: the decoder teacher-forced on the batch's decoder_input_ids (no shift by the
-    reference), mean cross-entropy over the non-padding labels."""
+    reference), mean cross-entropy over the non-padding labels. nanoT5's MyT5 takes it as it is."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                decoder_input_ids=batch["decoder_input_ids"])  # fmt: skip
+                decoder_input_ids=batch["decoder_input_ids"], **kwargs)  # fmt: skip
     labels = batch["labels"]
     loss = F.cross_entropy(out.logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     return LossOutput(loss, (labels != IGNORE).sum())
+
+
+def hf_seq2seq_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+    """seq2seq_loss without a KV cache: HF turns it off itself only when given labels, and a cache in training
+    costs time and, compiled, recompilations."""
+    return seq2seq_loss(model, batch, use_cache=False)
 
 
 # --- ELECTRA ----------------------------------------------------------------------------------------------------------
@@ -265,8 +271,8 @@ def _reference(impl: str, objective, model_cfg, checkouts: dict[str, Path | None
     if kind == "electra":
         model = hf_electra(objective, model_cfg)
         return model, electra_loss_fn(objective.options.disc_weight), "ElectraForMaskedLM + ElectraForPreTraining"
-    losses = {"causal_lm": causal_lm_loss, "mlm": mlm_loss, "roberta": mlm_loss, "t5": seq2seq_loss,
-              "bart": seq2seq_loss}  # fmt: skip
+    losses = {"causal_lm": causal_lm_loss, "mlm": mlm_loss, "roberta": mlm_loss, "t5": hf_seq2seq_loss,
+              "bart": hf_seq2seq_loss}  # fmt: skip
     if kind not in losses:
         raise LMForgeError(f"objective '{kind}' has no reference loss here (supported: {', '.join(losses)}, electra)")
     lm = meta_model(objective, model_cfg)
