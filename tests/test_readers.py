@@ -93,7 +93,7 @@ def test_table_errors(tmp_path: Path) -> None:
     with pytest.raises(LMForgeError, match=rf"^{arr}:1: expected a JSON object, found list$"):
         read_table(arr, "text", "label")
     bad_csv = _write(tmp_path / "b.csv", 'text,label\n"unterminated,pos\n')
-    with pytest.raises(LMForgeError, match=rf"^{bad_csv}:3: malformed CSV \(unexpected end of data\)$"):
+    with pytest.raises(LMForgeError, match=rf"^{bad_csv}:2: malformed CSV \(unexpected end of data\)$"):
         read_table(bad_csv, "text", "label")
     latin = tmp_path / "l.tsv"
     latin.write_bytes(b"text\tlabel\ncaf\xe9\tpos\n")

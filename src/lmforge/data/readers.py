@@ -14,7 +14,7 @@ import json
 import lzma
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
@@ -257,26 +257,16 @@ class DocumentStream(Iterator[str]):
         data = _read_all(path)
         check_text(data, path)
         text = self._decode(data).removeprefix("\ufeff")
-        # strict: a stray quote is an error, not a field that silently swallows the rest of the file.
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=TABLE_SUFFIXES[_split_name(path)[0]], strict=True)
-        line = 1  # where the record being read starts
-        try:
-            header = next(reader, None)
-            if header is None:
-                return
-            if self.text_field not in header:
-                raise LMForgeError(f"{path}: no column '{self.text_field}' (columns: {', '.join(header[:8])})")
-            col = header.index(self.text_field)
-            while True:
-                line = reader.line_num + 1
-                row = next(reader, None)
-                if row is None:
-                    return
-                value = row[col] if col < len(row) else None
-                if value and value.strip():
-                    yield value
-        except csv.Error as e:
-            raise LMForgeError(f"{path}:{line}: malformed CSV ({e})") from None
+        records = csv_records(io.StringIO(text, newline=""), path, TABLE_SUFFIXES[_split_name(path)[0]])
+        header = next(records, (0, None))[1]
+        if header is None:
+            return
+        if self.text_field not in header:
+            raise LMForgeError(f"{path}: no column '{self.text_field}' (columns: {', '.join(header[:8])})")
+        col = header.index(self.text_field)
+        for _, row in records:
+            if row[col].strip():
+                yield row[col]
 
     def _parquet(self, path: Path) -> Iterator[str]:
         import pyarrow as pa
@@ -299,6 +289,32 @@ class DocumentStream(Iterator[str]):
                     value = self._decode(value)
                 if value and value.strip():
                     yield value
+
+
+def csv_records(
+    lines: Iterable[str], path: Path | str, delimiter: str = ",", header: bool = True
+) -> Iterator[tuple[int, list[str]]]:
+    """(line where the record starts, cells) of each non-blank record of a CSV text: RFC 4180 quoting, strict (a stray
+    quote is an error, not a field that swallows the rest of the file), and every record as wide as the first, the
+    header (a ragged row is refused, never padded or dropped). Read by pretraining corpora and labelled tables."""
+    kind, first = ("TSV" if delimiter == "\t" else "CSV"), ("the header" if header else "the first row")
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
+    width, line = None, 1
+    try:
+        while True:
+            line = reader.line_num + 1
+            row = next(reader, None)
+            if row is None:
+                return
+            if not row:
+                continue
+            if width is None:
+                width = len(row)
+            elif len(row) != width:
+                raise LMForgeError(f"{path}:{line}: expected {width} {kind} columns (as {first}), found {len(row)}")
+            yield line, row
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise LMForgeError(f"{path}:{line}: malformed {kind} ({e})") from None
 
 
 def read_documents(paths: Sequence[Path | str], text_field: str = "text") -> DocumentStream:

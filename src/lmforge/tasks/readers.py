@@ -10,7 +10,6 @@ names the place: `file:line: ...` for line-based files, `file: <where>: ...` for
 from __future__ import annotations
 
 import bz2
-import csv
 import gzip
 import io
 import json
@@ -21,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+from lmforge.data.readers import csv_records
 from lmforge.errors import LMForgeError
 from lmforge.tasks.examples import Dataset, Example
 
@@ -119,7 +119,7 @@ def _table_rows(path: Path, fmt: str, header: bool) -> Iterator[tuple[int, dict[
     if fmt == "tsv":  # GLUE-style: split on tabs, no quoting (texts contain bare quotes)
         rows: Iterable[tuple[int, list[str]]] = ((n, ln.split("\t")) for n, ln in read_lines(path) if ln != "")
     else:
-        rows = _csv_rows(path)
+        rows = _csv_rows(path, header)
     names: list[str] | None = None
     for n, cells in rows:
         if header and names is None:
@@ -130,16 +130,11 @@ def _table_rows(path: Path, fmt: str, header: bool) -> Iterator[tuple[int, dict[
         yield n, dict(zip(names, cells)) if names is not None else dict(enumerate(cells))
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
-    """(line where the record ends, cells) of a CSV file; quoted fields may span lines."""
+def _csv_rows(path: Path, header: bool) -> Iterator[tuple[int, list[str]]]:
+    """(line where the record starts, cells) of a CSV file, by the pretraining corpora's reader: quoted fields may
+    span lines, a ragged row is refused."""
     with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="") as text:
-        reader = csv.reader(text, strict=True)
-        try:
-            for row in reader:
-                if row:
-                    yield reader.line_num, row
-        except (csv.Error, UnicodeDecodeError) as e:
-            raise fail(path, reader.line_num + 1, f"malformed CSV ({e})") from None
+        yield from csv_records(text, path, header=header)
 
 
 def _field(path: Path, line: int, row: dict, name: Field) -> object:
