@@ -5,9 +5,12 @@ reader yields, and what is left on disk."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lmforge.cli import main
@@ -42,6 +45,40 @@ def run_cli(capsys, *args: str) -> tuple[int, list[str]]:
 
 def scratch(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+# --- 7: corrupt compressed and Parquet input ---------------------------------------------------------------------
+
+
+def test_corrupt_deflate_data_in_jsonl_gz_names_the_file(tmp_path, tok, capsys):
+    raw = bytearray(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in TEXTS).encode(), mtime=0))
+    raw[10] |= 0b110  # the first deflate block's type bits: 11 is no block type (RFC 1951 §3.2.3)
+    bad = tmp_path / "docs.jsonl.gz"
+    bad.write_bytes(bytes(raw))
+    rc, err = run_cli(capsys, "data", "prepare", str(bad), "--out", str(tmp_path / "out"), "--tokenizer", str(tok))
+    assert rc == 2
+    assert err == [f"error: {bad}: cannot read (Error -3 while decompressing data: invalid block type)"]
+    assert scratch(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_corrupt_parquet_pages_name_the_file(tmp_path, tok, capsys):
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": [t * 20 for t in TEXTS]}), path, compression="snappy")
+    page = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[page : page + 32] = bytes(b ^ 0xFF for b in raw[page : page + 32])  # the data page's header
+    path.write_bytes(bytes(raw))
+    rc, err = run_cli(capsys, "data", "prepare", str(path), "--out", str(tmp_path / "out"), "--tokenizer", str(tok))
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt Parquet data (")
+
+
+def test_invalid_utf8_in_a_parquet_string_column_is_replaced_and_counted(tmp_path):
+    path = tmp_path / "docs.parquet"
+    values = pa.array([b"caf\xe9 au lait", b"plain text"], pa.binary()).view(pa.string())  # unchecked bytes
+    pq.write_table(pa.table({"text": values}), path)
+    stream = read_documents([path])
+    assert list(stream) == ["caf\ufffd au lait", "plain text"] and stream.replaced_bytes == 1
 
 
 # --- 8: one CSV reader, refusing ragged rows ---------------------------------------------------------------------

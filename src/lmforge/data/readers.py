@@ -14,6 +14,7 @@ import json
 import lzma
 import re
 import sys
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -32,6 +33,9 @@ _MAX_NON_TEXT = 0.30  # fraction of control / invalid bytes above which a file c
 _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that surrogateescape could not decode
 _CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\x0b\x0c\x08") + b"\x7f"
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # documents can be far longer than the 128 KiB default
+# What reading a damaged file raises: gzip's bad CRC or truncation (OSError, EOFError), bad deflate data (zlib.error,
+# not an OSError), corrupt xz.
+_READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
 
 def decode_counting(data: bytes) -> tuple[str, int]:
@@ -77,7 +81,7 @@ def _read_all(path: Path) -> bytes:
     try:
         with _open(path) as f:
             return f.read()
-    except (OSError, EOFError, lzma.LZMAError) as e:
+    except _READ_ERRORS as e:
         raise LMForgeError(f"{path}: cannot read ({e})") from e
 
 
@@ -230,7 +234,7 @@ class DocumentStream(Iterator[str]):
                     doc = self._json_doc(raw, path, lineno)
                     if doc:
                         yield doc
-        except (OSError, EOFError, lzma.LZMAError) as e:
+        except _READ_ERRORS as e:
             raise LMForgeError(f"{path}: cannot read ({e})") from e
 
     def _json_doc(self, raw: bytes, path: Path, lineno: int) -> str | None:
@@ -283,12 +287,20 @@ class DocumentStream(Iterator[str]):
         is_binary = pa.types.is_binary(col_type) or pa.types.is_large_binary(col_type)
         if not (is_binary or pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
             raise LMForgeError(f"{path}: column '{self.text_field}' has type {col_type}, expected string")
-        for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
-            for value in batch.column(0).to_pylist():
-                if value is not None and is_binary:
-                    value = self._decode(value)
-                if value and value.strip():
-                    yield value
+        batches = pf.iter_batches(columns=[self.text_field], batch_size=1024)
+        while True:
+            try:  # damaged pages fail here: bad compressed data, thrift headers, dictionary indices
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as e:
+                raise LMForgeError(f"{path}: corrupt Parquet data ({str(e).splitlines()[0]})") from None
+            if batch is None:
+                return
+            # As bytes: Parquet does not check that strings are UTF-8, and bad bytes are replaced and counted.
+            column = batch.column(0).cast(pa.large_binary())
+            for value in column.to_pylist():
+                text = None if value is None else self._decode(value)
+                if text and text.strip():
+                    yield text
 
 
 def csv_records(
