@@ -188,7 +188,8 @@ def test_prepare_without_inputs_uses_bundled_corpus(tmp_path: Path) -> None:
             return [[b + 1 for b in t.encode()[:8]] for t in texts]
 
     meta = prepare(None, tmp_path / "p", FirstBytes())
-    assert meta["train"]["n_docs"] + meta["val"]["n_docs"] == 312
-    assert meta["val"]["n_docs"] == 16
-    assert meta["train"]["n_tokens"] + meta["val"]["n_tokens"] == 312 * 9
+    # 312 documents, 43 of them (Shakespeare's works, long chapters) longer than 32k characters and cut at paragraphs
+    assert meta["train"]["n_docs"] + meta["val"]["n_docs"] == 448
+    assert meta["val"]["n_docs"] == 22
+    assert meta["train"]["n_tokens"] + meta["val"]["n_tokens"] == 448 * 9
     assert meta["sources"][0].endswith("austen.jsonl.xz")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmforge.cli import main
-from lmforge.data import load_default_corpus
+from lmforge.data import load_default_corpus, readers
 from lmforge.data.readers import read_documents
 from lmforge.errors import LMForgeError
 from lmforge.tasks.readers import read_table
@@ -45,6 +46,55 @@ def run_cli(capsys, *args: str) -> tuple[int, list[str]]:
 
 def scratch(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+# --- 4: a long document of any format is read in bounded pieces --------------------------------------------------
+
+
+def long_text(n_paras: int) -> str:
+    return "\n\n".join(f"Paragraph {i}. " + "The river ran under the old stone bridge. " * 12 for i in range(n_paras))
+
+
+def write_as(path: Path, text: str) -> Path:
+    """One document holding `text`, in the format the suffix names."""
+    if path.suffix == ".parquet":
+        pq.write_table(pa.table({"text": [text]}), path)
+    elif path.suffix == ".csv":
+        path.write_text('text,id\n"' + text.replace('"', '""') + '",1\n', encoding="utf-8")
+    elif path.name.endswith(".jsonl.gz"):
+        path.write_bytes(gzip.compress((json.dumps({"text": text}) + "\n").encode()))
+    else:
+        jsonl(path, [text])
+    return path
+
+
+@pytest.mark.parametrize("name", ["one.jsonl", "one.jsonl.gz", "one.csv", "one.parquet"])
+def test_a_long_document_of_any_format_is_read_in_bounded_pieces(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "DOC_CHARS", 4096)
+    text = long_text(150)  # ~80k characters, one document
+    pieces = list(read_documents([write_as(tmp_path / name, text)]))
+    assert len(pieces) > 15 and max(map(len, pieces)) <= 4096
+    assert "\n\n".join(pieces) == text  # cut at paragraph ends, nothing lost
+
+
+def test_a_single_line_jsonl_of_a_long_document_is_prepared(tmp_path, tok, monkeypatch, capsys):
+    monkeypatch.setattr(readers, "DOC_CHARS", 4096)
+    src = jsonl(tmp_path / "book.jsonl", [long_text(150)])
+    rc, err = run_cli(capsys, "data", "prepare", str(src), "--out", str(tmp_path / "out"), "--tokenizer", str(tok))
+    assert rc == 0, err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["train"]["n_docs"] > 15 and meta["val"]["n_docs"] >= 1
+
+
+def test_split_text_is_linear_in_the_number_of_lines():
+    """A 3 MB paragraph of 2-letter lines (10k lines a piece): summing each piece's lines again for every line took
+    minutes; counting as it goes takes a fraction of a second."""
+    text = "ab\n" * 1_000_000
+    start = time.perf_counter()
+    pieces = readers.split_text(text)
+    assert time.perf_counter() - start < 10  # a wide margin for a slow machine, far below the quadratic time
+    assert len(pieces) == 92 and max(map(len, pieces)) <= readers.DOC_CHARS
+    assert "\n".join(pieces) == text.rstrip("\n")
 
 
 # --- 7: corrupt compressed and Parquet input ---------------------------------------------------------------------

@@ -108,7 +108,7 @@ def rewrite_manifest(ckpt: Path) -> None:
         (
             "one_doc",
             "error: need at least 2 documents to split into train and val, got 1 (a document is a JSONL line, a CSV "
-            "row, or a text file of up to 32k characters; longer files split at paragraphs): add text or files",
+            "or Parquet row, or a text file; one longer than 32k characters splits at paragraphs): add text or files",
         ),  # fmt: skip
         ("unknown_key", "error: unknown config key 'train.lrr' — did you mean 'train.lr'?"),
         ("unknown_section", "error: unknown config key 'trian' — did you mean 'train.lr'?"),

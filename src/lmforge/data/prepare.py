@@ -115,7 +115,8 @@ def split_documents(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
     if n_docs < 2:
         raise LMForgeError(
             f"need at least 2 documents to split into train and val, got {n_docs} (a document is a JSONL line, a "
-            "CSV row, or a text file of up to 32k characters; longer files split at paragraphs): add text or files"
+            "CSV or Parquet row, or a text file; one longer than 32k characters splits at paragraphs): add text or "
+            "files"
         )
     n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
     is_val = np.zeros(n_docs, dtype=bool)
