@@ -5,8 +5,10 @@ reader yields, and what is left on disk."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from lmforge.cli import main
 from lmforge.data import load_default_corpus, readers
+from lmforge.data.prepare import _SplitWriter
 from lmforge.data.readers import read_documents
 from lmforge.errors import LMForgeError
 from lmforge.tasks.readers import read_table
@@ -95,6 +98,28 @@ def test_split_text_is_linear_in_the_number_of_lines():
     assert time.perf_counter() - start < 10  # a wide margin for a slow machine, far below the quadratic time
     assert len(pieces) == 92 and max(map(len, pieces)) <= readers.DOC_CHARS
     assert "\n".join(pieces) == text.rstrip("\n")
+
+
+# --- 6: a full disk ----------------------------------------------------------------------------------------------
+
+
+def test_disk_full_during_prepare_is_one_line_and_leaves_no_output(tmp_path, tok, capsys, monkeypatch):
+    src = jsonl(tmp_path / "docs.jsonl", TEXTS)
+    out = tmp_path / "out"
+    assert run_cli(capsys, "data", "prepare", str(src), "--out", str(out), "--tokenizer", str(tok))[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(self, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_SplitWriter, "write", full)
+    for target in (out, tmp_path / "fresh"):
+        rc, err = run_cli(capsys, "data", "prepare", str(src), "--out", str(target), "--tokenizer", str(tok))
+        assert rc == 2
+        assert err == [f"error: could not write {target}: No space left on device (the disk is full: free space there "
+                       "or write elsewhere)"]  # fmt: skip
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier prepared data is intact
+    assert not (tmp_path / "fresh").exists() and scratch(tmp_path) == []
 
 
 # --- 7: corrupt compressed and Parquet input ---------------------------------------------------------------------

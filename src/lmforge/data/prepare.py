@@ -28,6 +28,7 @@ from lmforge.data.clean import CleanConfig, clean_documents
 from lmforge.data.corpus import default_corpus_paths
 from lmforge.data.readers import read_documents
 from lmforge.errors import LMForgeError
+from lmforge.files import write_error
 
 FORMAT = "lmforge-tokens"
 VERSION = 1
@@ -206,8 +207,11 @@ def prepare(
             raise LMForgeError(f"cleaning kept {len(docs)} of {counts['docs_in']} documents; need at least 2")
     is_val = split_documents(len(docs), val_fraction, seed)
     dtype = token_dtype(tokenizer.vocab_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        raise write_error(out, e) from e
     try:
         writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
         try:
@@ -231,6 +235,9 @@ def prepare(
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         _replace_dir(tmp, out)
+    except OSError as e:  # a full disk above all: one line naming the output, and no scratch left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_error(out, e) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
