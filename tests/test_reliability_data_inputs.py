@@ -9,6 +9,9 @@ import errno
 import gzip
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -178,3 +181,41 @@ def test_a_csv_record_is_numbered_by_the_line_it_starts_on_in_both_readers(tmp_p
         list(read_documents([path]))
     with pytest.raises(LMForgeError, match=rf"^{path}:4: malformed CSV \(unexpected end of data\)$"):
         read_table(path, "text", "label")
+
+
+# --- 13: the scratch dir of a killed prepare ---------------------------------------------------------------------
+
+_PAUSED_PREPARE = """
+import sys, time
+from lmforge.data.prepare import _SplitWriter
+write = _SplitWriter.write
+def paused(self, *args):
+    write(self, *args)
+    self.file.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+_SplitWriter.write = paused
+from lmforge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_scratch_of_a_killed_prepare_is_removed_by_the_next_but_a_live_one_is_kept(tmp_path, tok, capsys):
+    src = jsonl(tmp_path / "docs.jsonl", TEXTS)
+    parent = tmp_path / "data"
+    args = ["data", "prepare", str(src), "--tokenizer", str(tok), "--out"]
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED_PREPARE, *args, str(parent / "a")], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "writing\n"  # inside its first write: its scratch dir holds a .bin
+        left = scratch(parent)
+        assert len(left) == 1 and left[0].startswith(".a.tmp-")
+        assert run_cli(capsys, *args, str(parent / "b"))[0] == 0
+        assert scratch(parent) == left  # a live prepare's scratch is never touched
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert scratch(parent) == left  # a kill -9 leaves it...
+    assert run_cli(capsys, *args, str(parent / "b"))[0] == 0
+    assert scratch(parent) == []  # ...and the next prepare into the same parent removes it
+    assert sorted(p.name for p in parent.iterdir()) == ["b"]

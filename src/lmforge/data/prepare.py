@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -28,12 +28,17 @@ from lmforge.data.clean import CleanConfig, clean_documents
 from lmforge.data.corpus import default_corpus_paths
 from lmforge.data.readers import read_documents
 from lmforge.errors import LMForgeError
-from lmforge.files import write_error
+from lmforge.files import pid_alive, write_error
 
 FORMAT = "lmforge-tokens"
 VERSION = 1
 SPLITS = ("train", "val")
 _CHUNK_CHARS = 1 << 22  # characters per encode_batch call: bounds memory, keeps the Rust pool busy
+# Scratch dirs carry the writer's pid and this nonce: in a container every process can be PID 1, so the pid alone
+# cannot tell this process's scratch from a killed predecessor's with the same pid.
+_NONCE = os.urandom(4).hex()
+_SCRATCH_RE = re.compile(r"\.(.+)\.(tmp|old)-(\d+)-([0-9a-f]{8})")
+_WRITTEN = {f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx")} | {"meta.json"}  # all a scratch dir may hold
 
 
 class TokenizerLike(Protocol):
@@ -157,12 +162,32 @@ def _tokenize_into(docs: list[str], is_val: np.ndarray, tokenizer: TokenizerLike
     bar.close()
 
 
+def _scratch(out: Path, kind: str) -> Path:
+    """Where a prepare of `out` writes (`tmp`), or parks the data it replaces (`old`): named by the writer's pid and
+    this process's nonce, so a later prepare tells a killed writer's leftovers from a live one's."""
+    return out.with_name(f".{out.name}.{kind}-{os.getpid()}-{_NONCE}")
+
+
+def _remove_stale_scratch(parent: Path) -> None:
+    """Remove what killed prepares left in `parent`: scratch dirs holding only what prepare writes, and replaced data
+    parked next to its finished successor. A live process's are kept; so is parked data whose successor is missing
+    (it is the only copy)."""
+    for p in parent.iterdir():
+        m = _SCRATCH_RE.fullmatch(p.name)
+        if not m or m[4] == _NONCE or not p.is_dir() or (int(m[3]) != os.getpid() and pid_alive(int(m[3]))):
+            continue
+        if m[2] == "old" and (parent / m[1] / "meta.json").is_file():
+            shutil.rmtree(p, ignore_errors=True)
+        elif m[2] == "tmp" and all(f.name in _WRITTEN for f in p.iterdir()):
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _replace_dir(tmp: Path, out: Path) -> None:
     """Move the finished ``tmp`` to ``out``, replacing a previously prepared ``out``."""
     if not out.exists():
         tmp.rename(out)
         return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    old = _scratch(out, "old")
     out.rename(old)
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
@@ -207,12 +232,11 @@ def prepare(
             raise LMForgeError(f"cleaning kept {len(docs)} of {counts['docs_in']} documents; need at least 2")
     is_val = split_documents(len(docs), val_fraction, seed)
     dtype = token_dtype(tokenizer.vocab_size)
+    tmp = _scratch(out, "tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    except OSError as e:
-        raise write_error(out, e) from e
-    try:
+        _remove_stale_scratch(out.parent)
+        tmp.mkdir()
         writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
         try:
             _tokenize_into(docs, is_val, tokenizer, writers)
