@@ -27,12 +27,9 @@ def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
 
 
 def tiny(name: str, **kw) -> Transformer:
-    """A preset's test size, vocab V, no dropout, eval mode, perturbed weights; T5's embedding gets std 1."""
+    """A preset's test size, vocab V, no dropout, eval mode, its family's own init, perturbed 1-D weights."""
     torch.manual_seed(0)
     model = Transformer(get_preset(name, **{"vocab_size": V, "dropout": 0.0, "attn_dropout": 0.0, **kw})).eval()
-    if model.config.scale_tied_logits:  # T5 v1.0 rescales by d_model**-0.5, so its embedding has std 1 (Mesh TF)
-        with torch.no_grad():
-            model.tok_emb.weight.normal_(0.0, 1.0)
     return perturb(model)
 
 

@@ -264,8 +264,9 @@ def test_generation_errors() -> None:
 # ------------------------------------------------------------------------------ transformers parity
 
 
-# Presets with a `transformers` twin; init_std chosen so that greedy continuations are not one repeated token.
-HF_CASES = {"gpt-tiny": 0.3, "llama-tiny": 0.3, "t5-tiny": 1.0, "bart-tiny": 0.2}
+# Presets with a `transformers` twin; init_std chosen so that greedy continuations are not one repeated token (for T5
+# it is the factor of its fan-in init: at the reference's 1.0 this tiny model repeats one token).
+HF_CASES = {"gpt-tiny": 0.3, "llama-tiny": 0.3, "t5-tiny": 3.0, "bart-tiny": 0.2}
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,9 @@ def test_transformers_t5_v1_1_with_untied_head_imports_exactly(tmp_path):
 
 @pytest.mark.parametrize("preset", ["bart-tiny", "t5-tiny", "t5-v1_1-tiny", "transformer-tiny"])
 def test_cached_decoding_equals_full_decoder_forward(preset):
-    model = tiny(preset)
+    # float64: T5 v1.1's untied head starts at N(0, 1) (HF's init), so its logits are large enough that float32
+    # rounding alone would reach the tolerance.
+    model = tiny(preset).double()
     ids, mask = padded_batch(model.config.pad_id, T=12)
     dec = torch.randint(4, V, (3, 10))
     with torch.no_grad():

@@ -187,6 +187,8 @@ FIELD_CHANGES = [
     ("dropout", "gpt-tiny", 0.5),
     ("attn_dropout", "gpt-tiny", 0.5),
     ("init_std", "gpt-tiny", 0.05),
+    ("init_scheme", "gpt-tiny", "normal"),
+    ("zero_pad_embedding", "bert-tiny", False),
 ]
 # Fields that do not change what the model computes; each is checked by the named test instead.
 METADATA_FIELDS = {
@@ -225,6 +227,14 @@ def test_every_field_changes_the_model(field, preset, value):
     if field == "zero_init_proj":  # an initialisation: the residual projections start at zero
         for k in ("decoder.blocks.0.attn.o.weight", "decoder.blocks.1.mlp.down.weight"):
             assert b[k].abs().max() == 0 < a[k].abs().max()
+        return
+    if field == "init_scheme":  # GPT-2's residual rescale (1/sqrt(2 n_layers) = 1/2 here) goes
+        for k in ("decoder.blocks.0.attn.o.weight", "decoder.blocks.1.mlp.down.weight"):
+            assert 1.7 < float(b[k].std() / a[k].std()) < 2.3
+        return
+    if field == "zero_pad_embedding":  # the [PAD] row starts at zero only with the field on
+        pad = base_cfg.pad_id
+        assert a["tok_emb.weight"][pad].abs().max() == 0 < b["tok_emb.weight"][pad].abs().max()
         return
     if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a) or base.num_params() != changed.num_params():
         return

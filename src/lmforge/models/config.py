@@ -11,6 +11,7 @@ Activation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu", "swiglu", "ge
 Position = Literal["learned", "sinusoidal", "rope", "alibi", "t5_bias", "shaw", "xl", "none"]
 MaskKind = Literal["causal", "bidirectional", "prefix"]
 AttnPattern = Literal["dense", "banded", "strided", "fixed"]
+InitScheme = Literal["gpt2", "normal", "t5", "transformer_xl", "t2t"]
 
 
 @dataclass
@@ -139,7 +140,27 @@ class ModelConfig:
     """First decoder input of an encoder-decoder (T5: pad, BART: </s>)."""
     dropout: float = 0.0
     attn_dropout: float = 0.0
+    init_scheme: InitScheme = "gpt2"
+    """How parameters start (models/init.py), as the family's reference starts them:
+    gpt2 = N(0, init_std) for every matrix and embedding, the residual output projections (attention out, MLP down)
+    N(0, init_std / sqrt(2 n_layers)) (GPT-2 §2.3; HF GPT2PreTrainedModel; also configs saved before this field);
+    normal = N(0, init_std) for every matrix and embedding, no rescale (HF PreTrainedModel._init_weights of BERT,
+    RoBERTa, ALBERT, ELECTRA, BART, Llama, XLNet; GPT-1's released code);
+    t5 = Mesh TF's fan-in init as HF T5PreTrainedModel._init_weights does it (Mesh TF layers.py, attention.py), with
+    init_std as HF's initializer_factor f (1.0): embeddings N(0, f), dense layers N(0, f / sqrt(fan_in)) (the query
+    also x d_kv^-0.5, standing in for the 1/sqrt(d_kv) attention scale), relative-position tables
+    N(0, f / sqrt(d_model)), an untied LM head N(0, f), norm gains f;
+    transformer_xl = N(0, init_std) for matrices, embeddings and the u, v biases, LayerNorm gains N(1, init_std)
+    (Dai et al.'s released PyTorch code, train.py weights_init);
+    t2t = tensor2tensor's transformer_base (Vaswani et al.'s code; optimize.get_variable_initializer
+    "uniform_unit_scaling"): dense layers Glorot-uniform (q, k and v each on its own), gain init_std (1.0 there),
+    the token embedding and an untied softmax matrix N(0, d_model^-0.5), other tables (Shaw's) Glorot-uniform."""
+    zero_pad_embedding: bool = False
+    """Token-embedding row pad_id starts at zero, as an embedding with a padding_idx does in the references (HF BERT,
+    RoBERTa, ALBERT, ELECTRA, BART; fairseq)."""
     init_std: float = 0.02
+    """The std of the normal init (init_scheme gpt2, normal, transformer_xl); under t5 the factor every fan-in std
+    is multiplied by (HF T5's initializer_factor, 1.0 in the reference); under t2t the Glorot gain (1.0)."""
 
     @property
     def kv_heads(self) -> int:
@@ -198,6 +219,8 @@ class ModelConfig:
             raise LMForgeError("model.nsp_head classifies the pooled first token: it needs model.pooler=true")
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise LMForgeError(f"model.logit_softcap must be positive or null, got {self.logit_softcap}")
+        if self.init_std < 0:
+            raise LMForgeError(f"model.init_std must be >= 0, got {self.init_std}")
         if self.position_offset < 0:
             raise LMForgeError(f"model.position_offset must be >= 0, got {self.position_offset}")
         self._validate_mtp()
@@ -254,7 +277,8 @@ class ModelConfig:
 
 def upgrade_saved_model(section: dict) -> dict:
     """A model section read from a saved run, with fields added after it was written set to what the saved model
-    computes where their defaults would not: a Shaw model saved before `shaw_values` existed has no value term."""
+    computes where their defaults would not: a Shaw model saved before `shaw_values` existed has no value term.
+    (`init_scheme` and `zero_pad_embedding` need nothing: their defaults are the init every model had before them.)"""
     if section.get("position") == "shaw" and "shaw_values" not in section:
         return {**section, "shaw_values": False}
     return section

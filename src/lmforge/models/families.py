@@ -9,7 +9,10 @@ from __future__ import annotations
 
 # GPT-1 (Radford et al. 2018 §4.1): post-LN blocks, no final norm, GELU, learned positions, tied embeddings. The GELU
 # is the tanh approximation: the released finetune-transformer-lm code's `gelu`, and transformers' OpenAIGPT afn.
+# Init: N(0, 0.02) for every weight, no rescale (§4.1 "a simple weight initialization of N(0, 0.02)"; the released
+# finetune-transformer-lm code; HF OpenAIGPTPreTrainedModel).
 GPT1 = dict(
+    init_scheme="normal",
     arch="decoder",
     norm="layernorm",
     norm_position="post",
@@ -19,8 +22,10 @@ GPT1 = dict(
     tie_embeddings=True,
 )
 
-# GPT-2 (Radford et al. 2019 §2.3): pre-LN with a final LayerNorm, tanh-GELU.
+# GPT-2 (Radford et al. 2019 §2.3): pre-LN with a final LayerNorm, tanh-GELU; residual projections start at
+# N(0, 0.02 / sqrt(2 n_layers)) (§2.3; HF GPT2PreTrainedModel). GPT-3 (§2.1) keeps this "modified initialization".
 GPT2 = dict(
+    init_scheme="gpt2",
     arch="decoder",
     norm="layernorm",
     norm_position="pre",
@@ -30,8 +35,10 @@ GPT2 = dict(
     tie_embeddings=True,
 )
 
-# Llama (Touvron et al. 2023 §2.2): pre-RMSNorm, SwiGLU, RoPE, no biases, untied output matrix.
+# Llama (Touvron et al. 2023 §2.2): pre-RMSNorm, SwiGLU, RoPE, no biases, untied output matrix. Init: N(0, 0.02)
+# everywhere, no rescale (HF LlamaPreTrainedModel; the paper publishes none).
 LLAMA = dict(
+    init_scheme="normal",
     arch="decoder",
     norm="rmsnorm",
     norm_eps=1e-6,
@@ -45,7 +52,12 @@ LLAMA = dict(
 
 # Fast GPT training (the modded-nanoGPT speedrun's architecture changes): rotary positions, QK-norm, ReLU², RMSNorm,
 # no biases, an untied head with soft-capped logits, zero-initialised output projections (trained with Muon).
+# The rest of the init is GPT-2's (nanoGPT's N(0, 0.02)): this is GPT-2 with those changes, under lmforge's gpt-fast
+# recipe, whose AdamW rate for embeddings and head is tuned to that scale. The speedrun's own script also draws its
+# linear layers from PyTorch's default U(±1/sqrt(fan_in)), its embedding from N(0, 1) (behind an RMSNorm this
+# stack lacks) and zeroes its LM head.
 GPT_FAST = dict(
+    init_scheme="gpt2",
     arch="decoder",
     norm="rmsnorm",
     norm_position="pre",
@@ -62,8 +74,10 @@ GPT_FAST = dict(
 # Transformer-XL (Dai et al. 2019 §3; the released PyTorch code's defaults): post-LN, ReLU FFN, relative attention
 # with sinusoidal R, u/v biases and segment-level memory, no biases in the attention projections, embeddings scaled
 # by sqrt(d_model), tied output matrix. (The paper's adaptive input/softmax is left out: lmforge's subword
-# vocabularies are small enough for a plain softmax.)
+# vocabularies are small enough for a plain softmax.) Init (the released train.py's weights_init, init='normal'):
+# N(0, 0.02) for linear layers, embeddings and the u, v biases, LayerNorm gains N(1, 0.02), biases 0.
 TRANSFORMER_XL = dict(
+    init_scheme="transformer_xl",
     arch="decoder",
     norm="layernorm",
     norm_position="post",
@@ -81,8 +95,11 @@ TRANSFORMER_XL = dict(
 
 # BERT (Devlin et al. 2019 §3): post-LN, embedding LayerNorm, token + segment + learned positions, exact GELU,
 # MLM head = dense + GELU + LayerNorm + tied decoder with its own bias; pooler = dense + tanh over [CLS], and the
-# next-sentence classifier over it (BertForPreTraining's heads).
+# next-sentence classifier over it (BertForPreTraining's heads). Init: N(0, 0.02) for every weight, no rescale, the
+# [PAD] embedding row zero (HF BertPreTrainedModel; the released TF code draws truncated normals of the same std).
 BERT = dict(
+    init_scheme="normal",
+    zero_pad_embedding=True,
     arch="encoder",
     norm="layernorm",
     norm_eps=1e-12,
@@ -131,8 +148,11 @@ ELECTRA_DISCRIMINATOR = {
 
 # XLNet (Yang et al. 2019 §2): Transformer-XL layers (post-LN, relative attention, memory) with exact GELU and BERT's
 # LayerNorm epsilon, relative segment encodings, and the two-stream attention of permutation language modelling;
-# the LM head is the tied embedding matrix plus a bias (Hugging Face's XLNetLMHeadModel).
+# the LM head is the tied embedding matrix plus a bias (Hugging Face's XLNetLMHeadModel). Init: N(0, 0.02) for every
+# weight, relative-attention biases, segment encodings and the query-stream vector (the released code's
+# initializer; HF XLNetPreTrainedModel).
 XLNET = dict(
+    init_scheme="normal",
     arch="encoder",
     norm="layernorm",
     norm_eps=1e-12,
@@ -152,8 +172,11 @@ XLNET = dict(
 # Encoder-decoders -------------------------------------------------------------------------------------------------
 
 # BART (Lewis et al. 2020 §2.1): post-LN, learned positions offset by 2 (fairseq), LayerNorm over the embeddings of
-# both stacks, exact GELU, tied output matrix plus a logits bias; decoding starts from </s> (id 2).
+# both stacks, exact GELU, tied output matrix plus a logits bias; decoding starts from </s> (id 2). Init: N(0, 0.02)
+# for every weight, no rescale, the <pad> embedding row zero (HF BartPreTrainedModel).
 BART = dict(
+    init_scheme="normal",
+    zero_pad_embedding=True,
     arch="encoder-decoder",
     norm="layernorm",
     norm_position="post",
@@ -171,7 +194,11 @@ BART = dict(
 
 # T5 v1.0 (Raffel et al. 2020 §2.1): pre-RMSNorm, no biases, ReLU FFN, bucketed relative position bias per stack,
 # no 1/sqrt(d) attention scale (folded into the init), tied output matrix with a d_model**-0.5 rescale.
+# Init: Mesh TF's, as HF T5PreTrainedModel does it (ModelConfig.init_scheme 't5'): the embedding N(0, 1), dense layers
+# fan-in scaled; init_std is the initializer factor, 1.0.
 T5 = dict(
+    init_scheme="t5",
+    init_std=1.0,
     arch="encoder-decoder",
     norm="rmsnorm",
     norm_eps=1e-6,

@@ -4,7 +4,6 @@ Models return hidden states and logits; objectives and tasks compute losses."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +11,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
+from lmforge.models.init import init_weights
 from lmforge.models.layers import KVCache, activation_fn, make_norm
 from lmforge.models.lm_head import aligned_head_logits, cross_entropy
 from lmforge.models.mtp import MTPHeads
@@ -103,37 +103,13 @@ class Transformer(nn.Module):
                 self.head_norm = make_norm(cfg, emb_dim)
                 head_in = emb_dim
             self.lm_head = nn.Linear(head_in, cfg.vocab_size, bias=cfg.lm_head_bias)
-        self._init_all(self)
+        init_weights(self, cfg)  # as the family's reference does (models/init.py, ModelConfig.init_scheme)
         if cfg.mtp_heads:  # built and initialised after the trunk, which so initialises exactly as without heads
             self.mtp = MTPHeads(cfg)
-            self._init_all(self.mtp)
+            init_weights(self.mtp, cfg)
         if cfg.arch == "encoder-decoder" and cfg.share_encoder_decoder:
             self._share_encoder_decoder()
         self.tie_weights()
-
-    @torch.no_grad()
-    def _init_all(self, root: nn.Module) -> None:
-        cfg = self.config
-        root.apply(self._init_weights)
-        q_dim = cfg.n_heads * cfg.dim_head
-        for name, p in root.named_parameters():
-            # GPT-2 §2.3: scale residual-path projections by 1/sqrt(N) at init, N = number of residual layers.
-            if name.endswith(("attn.o.weight", "mlp.down.weight")):
-                if cfg.zero_init_proj:
-                    nn.init.zeros_(p)
-                else:
-                    nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
-            # Unscaled attention (T5) folds 1/sqrt(head_dim) into the query initialisation instead (Mesh TF).
-            if not cfg.scale_attention and name.endswith(("attn.qkv.weight", "cross_attn.q.weight")):
-                p[:q_dim].mul_(cfg.dim_head**-0.5)
-
-    def _init_weights(self, m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=self.config.init_std)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=self.config.init_std)
 
     def tie_weights(self) -> None:
         """Share the LM head's matrix with the token embedding (GPT-1 §3.1: P(u) = softmax(h_n W_eᵀ))."""

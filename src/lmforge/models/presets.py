@@ -210,8 +210,11 @@ preset("t5-tiny", F.T5, d_model=64, n_heads=4, d_ff=128, **_enc_dec(2), **_T5_TI
 preset("t5-v1_1-tiny", F.T5_V1_1, d_model=64, n_heads=4, d_ff=96, **_enc_dec(2), **_T5_TINY)
 
 # The original Transformer (Vaswani et al. 2017 Table 3, base): post-LN, ReLU, sinusoidal positions, embeddings
-# scaled by sqrt(d_model) and shared with the output layer; 37k shared BPE (WMT EN-DE).
+# scaled by sqrt(d_model) and shared with the output layer; 37k shared BPE (WMT EN-DE). Init: the authors'
+# tensor2tensor transformer_base (Glorot-uniform dense layers, the embedding N(0, d_model^-0.5); init_scheme t2t).
 _VASWANI = dict(
+    init_scheme="t2t",
+    init_std=1.0,
     arch="encoder-decoder",
     norm_position="post",
     final_norm=False,

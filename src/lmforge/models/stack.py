@@ -81,7 +81,7 @@ class Stack(nn.Module):
         if cfg.position == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
         if cfg.two_stream:  # XLNet §2.3: the query stream starts from one learned vector w
-            self.mask_emb = nn.Parameter(torch.randn(cfg.d_model) * cfg.init_std)
+            self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # initialised by models/init.py
         self.dropout = nn.Dropout(cfg.dropout)
         # ALBERT cross-layer sharing: one block applied n_layers times.
         self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))

@@ -198,6 +198,7 @@ class T5Converter(Converter):
             tie_embeddings=tied,
             scale_tied_logits=bool(scale),
             dropout=hf.get("dropout_rate", 0.1),
+            init_std=hf.get("initializer_factor", 1.0),  # the t5 init scheme's factor (models/init.py)
             pad_id=hf.get("pad_token_id", 0),
             decoder_start_id=hf.get("decoder_start_token_id", 0),
         )
@@ -221,6 +222,7 @@ class T5Converter(Converter):
             "tie_word_embeddings": cfg.tie_embeddings,
             "scale_decoder_outputs": cfg.scale_tied_logits,
             "dropout_rate": cfg.dropout,
+            "initializer_factor": cfg.init_std if cfg.init_scheme == "t5" else 1.0,
             "pad_token_id": cfg.pad_id,
             "decoder_start_token_id": cfg.decoder_start_id,
             "is_encoder_decoder": True,
