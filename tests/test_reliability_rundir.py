@@ -228,3 +228,85 @@ def test_a_deleted_lock_file_is_taken_again_at_the_next_checkpoint(prepared, tmp
     assert refusal.startswith(f"error: run dir {run} is in use by process {first.proc.pid} on ")
     (tmp_path / "go-4").touch()
     assert first.finish() == 0, "\n".join(first.lines[-20:])
+
+
+# --- an experiment runner killed with SIGKILL while an arm trains ---------------------------------------------------
+
+RUNNER = """
+import json, sys
+from pathlib import Path
+from lmforge.experiments.runner import Arm, check_all_finished, run_arms
+arm = Arm("pretrain/a", Path(sys.argv[1]), "gpt", json.loads(sys.argv[2]), max_steps=int(sys.argv[3]))
+results = run_arms([arm], poll_s=0.1)
+check_all_finished(results)
+print(results[0].state, flush=True)
+"""
+
+
+def arm_overrides(prepared) -> dict:
+    tok, data = prepared
+    return {"data.tokenizer": str(tok), "data.prepared": str(data), "model.preset": "gpt-tiny",
+            "model.vocab_size": 512, "train.batch_size": 4, "train.seq_len": 32, "train.warmup_steps": 2,
+            "train.log_every": 1, "train.save_every": 5, "train.eval_batches": 2, "sample.prompts": []}  # fmt: skip
+
+
+def runner(prepared, run: Path, max_steps: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", RUNNER, str(run), json.dumps(arm_overrides(prepared)), str(max_steps)]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (not yet reaped by init) has stopped
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(test, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not test():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_arms_of_a_runner_killed_with_sigkill_stop_with_it_and_a_rerun_finishes(prepared, tmp_path):
+    run = tmp_path / "pretrain" / "a"
+    first = runner(prepared, run, 100_000)  # far more steps than it could train in the seconds it is given
+    lines = lambda: (run / "metrics.jsonl").read_text().count("\n") if (run / "metrics.jsonl").exists() else 0  # noqa: E731
+    wait_until(lambda: lines() >= 3, 120, "the arm did not start training")
+    arm_pid = json.loads((run / ".lock").read_text())["pid"]
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)
+    try:
+        wait_until(lambda: not alive(arm_pid), 10, "the arm outlived its runner")
+    finally:
+        if alive(arm_pid):  # an orphan would train on for hours
+            os.kill(arm_pid, signal.SIGKILL)
+    log = (run / "arm.log").read_text()
+    assert "error: stopped by SIGTERM at step" in log  # it saved a checkpoint on the way out
+    second = runner(prepared, run, 40)  # a shorter run (train.max_steps may change on resume)
+    out, err = second.communicate(timeout=180)
+    assert second.returncode == 0, err
+    assert out.strip() == "finished"
+    assert "resuming pretrain/a" in err
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "lr" in r] == list(range(1, 41))  # no step lost or repeated
+
+
+def test_a_rerun_waits_for_a_live_arm_it_did_not_start_instead_of_failing(prepared, tmp_path, capsys):
+    """An orphan arm (of a runner killed where arms could outlive it) still trains in the run dir: the rerun waits
+    for it, then finds the run finished."""
+    from lmforge.experiments.runner import Arm, arm_command, run_arms
+
+    arm = Arm("pretrain/a", tmp_path / "pretrain" / "a", "gpt", arm_overrides(prepared), max_steps=30)
+    arm.run_dir.mkdir(parents=True)
+    orphan = subprocess.Popen(arm_command(arm), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: (arm.run_dir / "metrics.jsonl").exists(), 120, "the orphan did not start training")
+    [result] = run_arms([arm], poll_s=0.1)
+    err = capsys.readouterr().err
+    assert orphan.wait(timeout=60) == 0
+    assert f"pretrain/a: waiting for process {orphan.pid} on " in err
+    assert result.state == "skipped" and result.final["step"] == 30, result.error

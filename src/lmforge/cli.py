@@ -433,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The `lmforge` command → its exit code. --debug and --quiet are accepted anywhere on the line."""
     from lmforge.progress import is_quiet, set_quiet
+    from lmforge.train.signals import stop_with_starter
 
+    stop_with_starter()  # an experiment's arm stops when its runner dies
     argv = list(sys.argv[1:] if argv is None else argv)
     was_quiet = is_quiet()
     set_quiet(was_quiet or "--quiet" in argv)

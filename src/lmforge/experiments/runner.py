@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from lmforge.errors import LMForgeError
 from lmforge.files import append_text
 from lmforge.progress import status
-from lmforge.train.signals import Stopped
+from lmforge.train.signals import LIFELINE_ENV, Stopped
 
 LOG_FILE = "arm.log"
 """The arm's stdout and stderr, in its run dir."""
@@ -165,15 +166,52 @@ def failure_reason(log: Path, returncode: int) -> str:
     return (lines or ["no output"])[-1][:300]
 
 
-def _launch(arm: Arm, device: str | None, threads: str) -> tuple[subprocess.Popen, float]:
+def _launch(arm: Arm, device: str | None, threads: str, lifeline: _Lifeline) -> tuple[subprocess.Popen, float]:
     arm.run_dir.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": threads} | dict(os.environ)  # status lines (resumes, notes) go to the arm log
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
     log = append_text(arm.run_dir / LOG_FILE)  # closed when the arm ends
-    proc = subprocess.Popen(arm_command(arm), stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(arm_command(arm), stdout=log, stderr=subprocess.STDOUT, **lifeline.popen_args(env))
     proc.log = log  # type: ignore[attr-defined]
     return proc, time.monotonic()
+
+
+class _Lifeline:
+    """A pipe whose write end only the runner holds; each arm gets the read end (LIFELINE_ENV). When the runner
+    dies, however (kill -9 included), the kernel closes it, and each arm stops as on SIGTERM, saving a checkpoint
+    (`train.signals.stop_with_starter`), instead of training on as an orphan that holds its run dir against the
+    rerun. (Linux's PR_SET_PDEATHSIG would not do: it follows the runner's threads, so a killed runner with busy
+    threads signals its arm two or three times, and a second SIGTERM stops a run at once, without its checkpoint.)"""
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe() if os.name == "posix" else (None, None)
+
+    def popen_args(self, env: dict[str, str]) -> dict[str, Any]:
+        if self.read is None:
+            return {"env": env}
+        return {"env": env | {LIFELINE_ENV: str(self.read)}, "pass_fds": (self.read,)}
+
+    def close(self) -> None:
+        for fd in (self.read, self.write):
+            if fd is not None:
+                os.close(fd)
+        self.read = self.write = None
+
+
+def _in_use(arm: Arm, waiting: set[str]) -> bool:
+    """Whether a live process still holds the arm's run dir (an arm of an earlier runner that was killed: it is
+    stopping, or finishing on its own); said once per arm. The arm starts once the dir is free."""
+    from lmforge.train.rundir import lock_holder
+
+    holder = lock_holder(arm.run_dir)
+    if holder is None:
+        waiting.discard(arm.name)
+        return False
+    if arm.name not in waiting:
+        status(f"{arm.name}: waiting for {holder}, which still runs in {arm.run_dir}")
+        waiting.add(arm.name)
+    return True
 
 
 def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, poll_s: float = 0.5) -> list[ArmResult]:
@@ -200,22 +238,28 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     if len(todo) < len(arms):
         status(f"{len(arms) - len(todo)} of {len(arms)} arms already finished: skipped")
     running: dict[int, tuple[Arm, subprocess.Popen, float]] = {}  # slot -> arm
+    waiting: set[str] = set()  # arms whose run dir another process still holds
     total, started = len(todo), 0
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # CPU runs: no more threads than cores
     on_term = _stop_on_sigterm()
+    lifeline = _Lifeline()
     try:
         while todo or running:
             _fail_orphans(todo, results)
             for slot in range(jobs):
-                arm = _next_ready(todo, results) if slot not in running else None
+                arm = _next_ready(todo, results, lambda a: not _in_use(a, waiting)) if slot not in running else None
                 if arm is None:
+                    continue
+                final = arm_final(arm)  # the process it waited for may have finished the run
+                if final is not None:
+                    results[arm.name] = ArmResult(arm, "skipped", final)
                     continue
                 device = devices[slot % len(devices)] if devices else None
                 started += 1
                 verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
                 status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
-                running[slot] = (arm, *_launch(arm, device, threads))
-            if todo and not running:  # nothing can start: a cycle among the arms' `after`
+                running[slot] = (arm, *_launch(arm, device, threads, lifeline))
+            if todo and not running and not waiting:  # nothing can start: a cycle among the arms' `after`
                 raise LMForgeError(f"arm {todo[0].name} waits for arms that never run: {', '.join(todo[0].after)}")
             time.sleep(poll_s)
             for slot, (arm, proc, t0) in list(running.items()):
@@ -236,6 +280,7 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
             proc.terminate()
             proc.wait()
             proc.log.close()  # type: ignore[attr-defined]
+        lifeline.close()  # after the arms are gone: closing it earlier would signal them a second time
         if on_term is not None:
             signal.signal(signal.SIGTERM, on_term)
     return [results[a.name] for a in arms]
@@ -258,10 +303,10 @@ def _stop_on_sigterm():
     return signal.signal(signal.SIGTERM, handle)
 
 
-def _next_ready(todo: list[Arm], results: dict[str, ArmResult]) -> Arm | None:
-    """Remove and return the first waiting arm whose `after` arms have all finished."""
+def _next_ready(todo: list[Arm], results: dict[str, ArmResult], free: Callable[[Arm], bool]) -> Arm | None:
+    """Remove and return the first waiting arm whose `after` arms have all finished and whose run dir is `free`."""
     for i, arm in enumerate(todo):
-        if all(n in results and results[n].state != "failed" for n in arm.after):
+        if all(n in results and results[n].state != "failed" for n in arm.after) and free(arm):
             return todo.pop(i)
     return None
 

@@ -3,7 +3,9 @@ the loop saves a checkpoint and exits with 143 or 130. A second signal acts at o
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import threading
 from types import FrameType
 
@@ -46,3 +48,32 @@ class StopRequest:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
+
+
+LIFELINE_ENV = "LMFORGE_LIFELINE"
+"""Set by a process that starts lmforge commands (the experiment runner) to the number of an inherited pipe's read
+end; the starter alone holds the write end, which the kernel closes when the starter dies."""
+
+
+def stop_with_starter() -> None:
+    """Started with a lifeline: SIGTERM this process, once, when its starter is gone (killed with -9 included), as
+    a scheduler's preemption: a run saves a checkpoint and stops. Processes this one starts do not inherit it."""
+    value = os.environ.pop(LIFELINE_ENV, None)
+    if value is None or os.name != "posix":
+        return
+    try:
+        fd = int(value)
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # not the pipe it names: never read someone else's file
+            return
+    except (ValueError, OSError):
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):  # the starter never writes: this returns at end of file, when it is gone
+                pass
+        except OSError:
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="lmforge-lifeline", daemon=True).start()
