@@ -2,7 +2,9 @@
 or `jobs` at once, each an ordinary run dir, an arm starting once the arms it needs (its `after`: the run it
 continues or fine-tunes) have finished. A finished arm is skipped: a pretraining run whose metrics.jsonl holds a
 validation loss at its final step, a fine-tuning run with its eval.json, an evaluation with its results file. An arm
-killed midway continues from its latest checkpoint (the same overrides again, with --resume)."""
+killed midway continues from its latest checkpoint (the same overrides again, with --resume). The arms stop with the
+runner, however it dies (`_Lifeline`), and a rerun that finds an arm's run dir still held by a live process waits
+for it instead of failing the arm."""
 
 from __future__ import annotations
 
@@ -220,13 +222,7 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     does not stop the other arms; the arms that need a failed one fail without running."""
     if jobs < 1:
         raise LMForgeError(f"--jobs must be >= 1, got {jobs}")
-    names = [a.name for a in arms]
-    if len(set(names)) != len(names):
-        raise LMForgeError("arm names must be unique")
-    for arm in arms:
-        missing = [n for n in arm.after if n not in names]
-        if missing:
-            raise LMForgeError(f"arm {arm.name} needs {missing[0]}, which is not an arm of this run")
+    _check_names(arms)
     results: dict[str, ArmResult] = {}
     todo = []
     for arm in arms:
@@ -284,6 +280,17 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
         if on_term is not None:
             signal.signal(signal.SIGTERM, on_term)
     return [results[a.name] for a in arms]
+
+
+def _check_names(arms: list[Arm]) -> None:
+    """Arm names are unique, and every arm an arm needs is one of them."""
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise LMForgeError("arm names must be unique")
+    for arm in arms:
+        missing = [n for n in arm.after if n not in names]
+        if missing:
+            raise LMForgeError(f"arm {arm.name} needs {missing[0]}, which is not an arm of this run")
 
 
 class _Terminated(Exception):
