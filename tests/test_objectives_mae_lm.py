@@ -234,7 +234,7 @@ def test_finetuning_starts_from_the_encoder(run, tmp_path, one_thread):  # noqa:
     splits = {"train": Dataset(full.examples[:320], full.labels), "dev": Dataset(full.examples[320:], full.labels)}
     data = TT.write_labelled_dir(tmp_path / "sentiment", splits)
     over = [f"--run.dir={tmp_path / 'ft'}", "--data.source=dir", f"--data.dir={data}", "--train.batch_size=16",
-            "--train.lr=2e-3", "--train.warmup_ratio=0.1", "--task.max_len=48", "--train.epochs=4",
+            "--train.lr=2e-3", "--train.warmup_ratio=0.1", "--task.max_len=48", "--train.epochs=8",
             "--train.log_every=1"]  # fmt: skip
     tuner = FineTuner(load_finetune_config("sst2-bert", over, init=str(run)))
     saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
@@ -243,5 +243,7 @@ def test_finetuning_starts_from_the_encoder(run, tmp_path, one_thread):  # noqa:
     dev = tuner.fit()
     rows = [json.loads(x) for x in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["task_loss"] for r in rows if "task_loss" in r]
-    assert len(losses) == 80 and sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.05
+    # 8 epochs: this 40-step encoder leaves the ln 2 plateau within 80 fine-tuning steps for only some seeds (5 of 8
+    # with GPT-2's init, 2 of 8 with RoBERTa's), within 160 for every seed tried (last ten losses ~0.1).
+    assert len(losses) == 160 and sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.05
     assert dev["accuracy"] > 0.6

@@ -90,7 +90,9 @@ def test_bad_setups_give_one_clear_error():
 
 
 def test_recipe_trains_through_the_cli(tmp_path):
+    # 80 steps: at 60 the drop sits on the 1-nat bar (1.02 with GPT-2's init, 0.99 with XLNet's, 1.07-1.11 at seeds
+    # 1 and 2 with either).
     train_recipe(
         tmp_path, "xlnet", "--model.preset=xlnet-tiny", "--train.seq_len=64", "--model.mem_len=32", "--train.lr=3e-3",
-        "--train.weight_decay=0.0", steps=60,
+        "--train.weight_decay=0.0", steps=80,
     )  # fmt: skip
