@@ -44,3 +44,35 @@ def test_non_finite_values_in_a_recipe_file_are_refused(tmp_path, capsys):
         "error: train.lr must be a finite number, got nan"
     )
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
+        ("model.dropout=-0.5", "model.dropout must be in [0, 1), got -0.5"),
+        ("model.attn_dropout=2", "model.attn_dropout must be in [0, 1), got 2.0"),
+        ("model.init_std=-1", "model.init_std must be > 0, got -1.0"),
+        ("model.norm_eps=-1", "model.norm_eps must be > 0, got -1.0"),
+        ("model.rope_base=-5", "model.rope_base must be > 0, got -5.0"),
+        ("model.type_vocab_size=-1", "model.type_vocab_size must be >= 0, got -1"),
+        ("model.pad_id=-1", "model.pad_id must be >= 0, got -1"),
+        ("model.pad_id=99999", "model.pad_id=99999 is not a token of model.vocab_size=4096"),
+    ],
+)
+def test_model_values_out_of_their_domain_are_refused_before_anything_is_written(override, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert one_error_line(capsys, "pretrain", "gpt", f"--run.dir={run}", f"--{override}") == f"error: {message}"
+    assert not run.exists()
+
+
+def test_a_config_built_in_python_is_checked_alike():
+    from lmforge.errors import LMForgeError
+    from lmforge.models import Transformer, get_preset
+
+    cases = [({"dropout": 1.5}, "model.dropout must be in [0, 1), got 1.5"),
+             ({"init_std": float("nan")}, "model.init_std must be a finite number, got nan")]  # fmt: skip
+    for fields, message in cases:
+        with pytest.raises(LMForgeError) as e:
+            Transformer(get_preset("gpt-tiny", **fields))
+        assert str(e.value) == message

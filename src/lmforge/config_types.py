@@ -3,8 +3,11 @@ override must give as > 0, refused with one line at load time ("train.max_steps 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import typing
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from lmforge.errors import LMForgeError
 
@@ -46,3 +49,18 @@ OpenFraction = Annotated[float, Range(0, 1, hi_open=True)]
 """In [0, 1)."""
 UnitFraction = Annotated[float, Range(0, 1, lo_open=True)]
 """In (0, 1]."""
+
+
+def check_ranges(obj: Any, prefix: str) -> None:
+    """Check every range-annotated field of dataclass `obj` (and that its numbers are finite), as the config loader
+    does for values it reads: for objects built in Python."""
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise LMForgeError(f"{prefix}{f.name} must be a finite number, got {value!r}")
+        t = hints.get(f.name)
+        if typing.get_origin(t) is Annotated and isinstance(value, (int, float)) and not isinstance(value, bool):
+            for check in t.__metadata__:
+                if isinstance(check, Range):
+                    check.check(f"{prefix}{f.name}", value)

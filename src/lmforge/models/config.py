@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lmforge.config_types import NonNegInt, OpenFraction, PosFloat, check_ranges
+
 Arch = Literal["decoder", "encoder", "encoder-decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu", "swiglu", "geglu"]
@@ -36,7 +38,7 @@ class ModelConfig:
     d_ff: int = 3072
     max_seq_len: int = 1024
     norm: Norm = "layernorm"
-    norm_eps: float = 1e-5
+    norm_eps: PosFloat = 1e-5
     norm_position: Literal["pre", "post"] = "pre"
     """pre-LN (GPT-2, T5, Llama) normalises sublayer inputs; post-LN (GPT-1, BERT, BART) normalises residual sums."""
     final_norm: bool = True
@@ -55,7 +57,7 @@ class ModelConfig:
     position: Position = "learned"
     position_offset: int = 0
     """Index shift of learned positions (BART's learned positions start at row 2)."""
-    rope_base: float = 10000.0
+    rope_base: PosFloat = 10000.0
     rel_buckets: int = 32
     """T5 relative-attention buckets."""
     rel_max_distance: int = 128
@@ -101,7 +103,7 @@ class ModelConfig:
     """How a strided / fixed layer uses Child et al.'s two index sets A(1), A(2) (§4.3): union = every head attends
     to A(1) ∪ A(2) (merged head); interleaved = the k-th sparse layer uses A(1 + k mod 2); heads = the first
     half of the heads attend to A(1), the rest to A(2)."""
-    type_vocab_size: int = 0
+    type_vocab_size: NonNegInt = 0
     """Segment (token type) embeddings, BERT's sentence A/B (0 = none)."""
     embedding_dim: int | None = None
     """ALBERT's factorised embedding size E (None = d_model); an E→d_model projection follows the embeddings."""
@@ -134,12 +136,12 @@ class ModelConfig:
     Gloeckle et al.'s independent heads on the shared trunk."""
     mtp_head: Literal["block", "linear"] = "block"
     """A parallel MTP head: one transformer block or one linear layer (sequential depths are always blocks)."""
-    pad_id: int = 0
+    pad_id: NonNegInt = 0
     """Padding token id (exported as the Hugging Face pad_token_id; collators pad with it)."""
-    decoder_start_id: int = 0
+    decoder_start_id: NonNegInt = 0
     """First decoder input of an encoder-decoder (T5: pad, BART: </s>)."""
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
+    dropout: OpenFraction = 0.0
+    attn_dropout: OpenFraction = 0.0
     init_scheme: InitScheme = "gpt2"
     """How parameters start (models/init.py), as the family's reference starts them:
     gpt2 = N(0, init_std) for every matrix and embedding, the residual output projections (attention out, MLP down)
@@ -158,7 +160,7 @@ class ModelConfig:
     zero_pad_embedding: bool = False
     """Token-embedding row pad_id starts at zero, as an embedding with a padding_idx does in the references (HF BERT,
     RoBERTa, ALBERT, ELECTRA, BART; fairseq)."""
-    init_std: float = 0.02
+    init_std: PosFloat = 0.02
     """The std of the normal init (init_scheme gpt2, normal, transformer_xl); under t5 the factor every fan-in std
     is multiplied by (HF T5's initializer_factor, 1.0 in the reference); under t2t the Glorot gain (1.0)."""
 
@@ -187,6 +189,12 @@ class ModelConfig:
         """Raise LMForgeError for inconsistent fields."""
         from lmforge.errors import LMForgeError
 
+        check_ranges(self, "model.")  # what the config loader checks, also for configs built in Python
+        for name in ("pad_id", "decoder_start_id"):
+            if getattr(self, name) >= self.vocab_size:
+                raise LMForgeError(
+                    f"model.{name}={getattr(self, name)} is not a token of model.vocab_size={self.vocab_size}"
+                )
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise LMForgeError(f"model.{name} must be positive, got {getattr(self, name)}")
