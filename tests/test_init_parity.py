@@ -10,6 +10,9 @@ be tight (relative-position tables, the NSP and RTD outputs) — the mean within
 Every lmforge parameter must be covered. Widths of 256 and a 2,000-token vocabulary keep the estimates tight: a
 256 x 256 matrix's std has a standard error of 0.3%.
 
+T5 v1.1's untied head follows the twin, N(0, initializer_factor); Mesh TF's own `logits` layer is a fan-in dense layer,
+N(0, d_model^-0.5) (a known difference of transformers: its PR #26441, t5x issue #1477).
+
 HF RoBERTa also zeroes row pad_id (1) of its position table; lmforge's RoBERTa never reads that row (its positions
 start at row 2), so its stats are compared but its zero row is not.
 
