@@ -227,8 +227,6 @@ class ModelConfig:
             raise LMForgeError("model.nsp_head classifies the pooled first token: it needs model.pooler=true")
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise LMForgeError(f"model.logit_softcap must be positive or null, got {self.logit_softcap}")
-        if self.init_std < 0:
-            raise LMForgeError(f"model.init_std must be >= 0, got {self.init_std}")
         if self.position_offset < 0:
             raise LMForgeError(f"model.position_offset must be >= 0, got {self.position_offset}")
         self._validate_mtp()
