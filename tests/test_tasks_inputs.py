@@ -163,3 +163,13 @@ def test_collate_pads_multi_sequence_examples_and_counts_them():
     assert b["input_ids"].tolist() == [[[1, 2, 9], [3, 9, 9], [9, 9, 9]], [[4, 5, 6], [7, 9, 9], [8, 9, 9]]]
     assert b["attention_mask"][0].tolist() == [[1, 1, 0], [1, 0, 0], [1, 0, 0]]
     assert b["n_seqs"].tolist() == [2, 3]
+
+
+def test_resize_embeddings_draws_new_rows_from_the_embeddings_own_std():
+    # tensor2tensor's embedding is N(0, d_model^-0.5) while its dense layers take init_std as a Glorot gain (1.0):
+    # new rows must follow the embedding, not init_std.
+    m = T.model("transformer-tiny", T.tokenizer("bart"))
+    torch.manual_seed(0)
+    n = m.config.vocab_size
+    resize_embeddings(m, n + 4000)
+    assert abs(float(m.tok_emb.weight[n:].detach().std()) - m.config.d_model**-0.5) < 0.005

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
+from lmforge.models.init import token_embedding_std
 
 Format = Literal["auto", "gpt", "bert", "encoder_mean", "bart"]
 GPT_TOKENS = ("<|start|>", "<|delim|>", "<|extract|>")
@@ -50,11 +51,12 @@ def resolve_format(fmt: str, arch: str, tokenizer) -> str:
 def resize_embeddings(model: nn.Module, vocab_size: int, reinit: list[int] | None = None) -> None:
     """Grow the token embedding table (and an untied or biased LM head) of a `Transformer` to `vocab_size` rows.
 
-    New rows, and the rows listed in `reinit`, are drawn like the model's own init: N(0, config.init_std)."""
+    New rows, and the rows listed in `reinit`, are drawn like the model's own token embedding
+    (`models.init.token_embedding_std`)."""
     cfg = model.config
     old = model.tok_emb
     n_old, dim = old.weight.shape
-    std = cfg.init_std
+    std = token_embedding_std(cfg)
     if vocab_size > n_old:
         emb = nn.Embedding(vocab_size, dim, device=old.weight.device, dtype=old.weight.dtype)
         emb.weight[:n_old] = old.weight
