@@ -149,6 +149,9 @@ class Loop:
         self.step = 0
         self.best: tuple[float, int] | None = None
         self.streak, self.pre_streak_ckpt = 0, None  # consecutive non-finite steps; the last checkpoint before
+        # The newest checkpoint this process wrote or resumed from outside a streak: known good, unlike the newest
+        # on disk (a resume may have fallen back past a damaged one).
+        self.last_good: int | None = None
         self.recent: deque[float] = deque(maxlen=cfg.spike_window)
         self.pending = _Pending()
         self.parts: dict[str, Any] = {}
@@ -195,6 +198,7 @@ class Loop:
             self.step = int(state["step"])
             self.best = tuple(state["best"]) if state.get("best") else None
             self.streak, self.pre_streak_ckpt = int(state.get("streak", 0)), state.get("pre_streak_ckpt")
+            self.last_good = self.pre_streak_ckpt if self.streak else self.step
         except (KeyError, IndexError, TypeError, ValueError) as e:
             where = path / ckpt.TRAIN_STATE_FILE
             raise LMForgeError(f"{where} does not match this run: {type(e).__name__}: {e}") from e
@@ -275,8 +279,7 @@ class Loop:
 
     def _nonfinite(self, step: int, loss: float, gnorm: float, overflow: bool = False) -> None:
         if self.streak == 0:
-            last = ckpt.list_checkpoints(self.run_dir)
-            self.pre_streak_ckpt = int(last[-1].name.split("_")[1]) if last else None
+            self.pre_streak_ckpt = self.last_good
         self.streak += 1
         what = "loss" if not math.isfinite(loss) else "gradient norm"
         value = loss if what == "loss" else gnorm
@@ -370,6 +373,7 @@ class Loop:
                 tokenizer=saved.tokenizer, train_state=state, keep_last=self.cfg.keep_last, protect=protect,
                 on_partial=lambda: self.callbacks.fire("checkpoint", step),
             )  # fmt: skip
+            self._saved_good()
             return
         if self.dist.is_main:
             saved = self.spec.saved()
@@ -379,6 +383,11 @@ class Loop:
                 on_partial=lambda: self.callbacks.fire("checkpoint", self.step),
             )  # fmt: skip
         barrier(self.dist)
+        self._saved_good()
+
+    def _saved_good(self) -> None:
+        if not self.streak:  # a checkpoint written inside a streak may hold the weights that caused it
+            self.last_good = self.step
 
     # --- the run ----------------------------------------------------------------------------------------------------
 

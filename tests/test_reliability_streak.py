@@ -1,5 +1,5 @@
-"""An update that overflows finite gradients into the weights is a non-finite step: the run stops naming the last
-checkpoint from before it, never one whose weights hold infinity."""
+"""A streak of non-finite steps names (and keeps) the last checkpoint known good before it: never one whose weights an
+overflowing update filled with infinity, never a damaged one that a resume fell back past."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_reliability_inputs import POISON  # registers the test_poisoned_lm objective
 from training_testing import make_prepared, restore_torch_globals
 
 from lmforge.cli import main
@@ -59,3 +60,22 @@ def test_an_overflow_from_the_first_step_names_no_checkpoint(prepared, tmp_path,
     err = capsys.readouterr().err
     assert rc == 2, err
     assert err.strip().splitlines()[-1].endswith("check the data"), err  # no checkpoint is called good
+
+
+def test_after_a_fallback_the_streak_keeps_the_checkpoint_resumed_from(prepared, tmp_path, capsys):
+    tok, data = prepared
+    run = tmp_path / "run"
+    POISON.clear()
+    args = ["pretrain", "gpt", f"--run.dir={run}", f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY,
+            "--objective.name=test_poisoned_lm", "--train.save_every=2", "--train.max_steps=4", "--quiet"]  # fmt: skip
+    assert main([*args, "--train.keep_last=2"]) == 0
+    weights = run / "checkpoints" / "step_4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # damaged: the resume falls back to step_2
+    POISON.update({k: "loss" for k in range(1, 8)})  # every step of the resumed process: steps 3, 4, ...
+    rc = main(["pretrain", f"--run.dir={run}", "--resume", "--train.max_steps=10", "--train.keep_last=1",
+               "--train.max_nonfinite=4", "--quiet"])  # fmt: skip
+    POISON.clear()
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.strip().splitlines()[-1].endswith("the last checkpoint before it is step_2"), err
+    assert _finite(run / "checkpoints" / "step_2")  # kept through keep_last=1
