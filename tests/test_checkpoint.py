@@ -299,7 +299,36 @@ def test_resaving_a_step_replaces_it(tmp_path):
 # ---------------------------------------------------------------------------------------------- crash safety
 
 
-@pytest.mark.parametrize("target", ["save_file", "torch_save", "fsync"])
+DISK_FULL = " (the disk is full: free space there or write elsewhere)"
+
+
+class _FullFile:
+    """A file on a disk that fills up after 64 bytes."""
+
+    def __init__(self, path, mode) -> None:
+        self.f, self.written = open(path, mode), 0
+
+    def write(self, data) -> int:
+        if self.written > 64:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.written += memoryview(data).nbytes
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+def _open_on_a_full_disk(path, mode="r", **kwargs):
+    return _FullFile(path, mode) if Path(path).name == ck.TRAIN_STATE_FILE else open(path, mode, **kwargs)
+
+
+@pytest.mark.parametrize("target", ["save_file", "torch_save", "fsync", "torch_zip_writer", "rust_library"])
 def test_disk_full_keeps_earlier_checkpoints(tmp_path, monkeypatch, target):
     first = _save(tmp_path, 1, train_state={"step": 1})
 
@@ -314,11 +343,15 @@ def test_disk_full_keeps_earlier_checkpoints(tmp_path, monkeypatch, target):
         monkeypatch.setattr(ck, "save_file", half_written_weights)
     elif target == "torch_save":
         monkeypatch.setattr(ck.torch, "save", full)
-    else:
+    elif target == "fsync":
         monkeypatch.setattr(ck.os, "fsync", full)
+    elif target == "torch_zip_writer":  # the real torch.save on a file that fills up: its RuntimeError
+        monkeypatch.setattr(ck, "open", _open_on_a_full_disk, raising=False)
+    else:  # tokenizers and safetensors (Rust) put the errno in their message
+        monkeypatch.setattr(ck, "_write_yaml", lambda *a: (_ for _ in ()).throw(Exception("write (os error 28)")))
     with pytest.raises(LMForgeError) as e:
-        _save(tmp_path, 2, train_state={"step": 2})
-    assert str(e.value) == "could not save checkpoint step_2: No space left on device"
+        _save(tmp_path, 2, train_state={"step": 2, "big": torch.zeros(1000)})
+    assert str(e.value) == "could not save checkpoint step_2: No space left on device" + DISK_FULL
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]
     assert verify_checkpoint(first) is None

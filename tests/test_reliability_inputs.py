@@ -294,7 +294,8 @@ def test_disk_full_while_saving_keeps_earlier_checkpoints(prepared, tmp_path, ca
     monkeypatch.setattr(ck, "save_file", full_disk)
     run = tmp_path / "run"
     args = pretrain(prepared, run, "--train.save_every=2", "--train.max_steps=6", "--train.deterministic")
-    assert last_error_line(capsys, *args) == "error: could not save checkpoint step_4: No space left on device"
+    full = "No space left on device (the disk is full: free space there or write elsewhere)"
+    assert last_error_line(capsys, *args) == f"error: could not save checkpoint step_4: {full}"
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_2"]  # no scratch dir left behind
     assert ck.verify_checkpoint(run / "checkpoints" / "step_2") is None
     monkeypatch.setattr(ck, "save_file", real)  # space freed: the run resumes from step 2

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,17 @@ class HashingWriter:
 
     def __init__(self, f) -> None:
         self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None
+        """The OSError a write raised: a caller such as torch.save turns it into its own RuntimeError."""
 
     def write(self, data) -> int:
         self.sha256.update(data)
         self.size += memoryview(data).nbytes
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -76,6 +83,18 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def os_error_of(e: BaseException) -> OSError | None:
+    """The OSError behind `e`: itself, or one a Rust library (tokenizers, safetensors) reports in its message as
+    "... (os error N)"; None for any other error."""
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def os_reason(e: BaseException) -> str:
@@ -146,12 +165,17 @@ def write_atomic(path: Path, data: bytes | str, fsync: bool = True) -> None:
         raise
 
 
-def write_error(path: Path | str, e: OSError) -> LMForgeError:
-    """The one line for a failed write of `path`: the OS's reason, and for a full disk or quota what to do."""
+def write_reason(e: OSError) -> str:
+    """Why a write failed, in the OS's words, and for a full disk or quota what to do."""
     reason = os_reason(e)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         reason += " (the disk is full: free space there or write elsewhere)"
-    return LMForgeError(f"could not write {path}: {reason}")
+    return reason
+
+
+def write_error(path: Path | str, e: OSError) -> LMForgeError:
+    """The one line for a failed write of `path`."""
+    return LMForgeError(f"could not write {path}: {write_reason(e)}")
 
 
 def pid_alive(pid: int) -> bool:

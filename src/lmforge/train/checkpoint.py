@@ -66,7 +66,16 @@ from lmforge.checkpoints import (  # noqa: F401
     verify_checkpoint,
 )
 from lmforge.errors import LMForgeError
-from lmforge.files import HashingWriter, fsync_dir, hash_file, load_torch_file, os_reason, write_atomic
+from lmforge.files import (
+    HashingWriter,
+    fsync_dir,
+    hash_file,
+    load_torch_file,
+    os_error_of,
+    os_reason,
+    write_atomic,
+    write_reason,
+)
 from lmforge.models.wrappers import unwrap_model
 from lmforge.train.parallel import local, shard_like
 from lmforge.train.rundir import check_lock
@@ -202,11 +211,15 @@ def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
         tmp.mkdir()
         _write_contents(tmp, *contents)
         _publish(tmp, final)
-    except (OSError, SafetensorError) as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LMForgeError(f"could not {what}: {os_reason(e)}") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # A full disk reaches here as an OSError, or inside another library's error (torch.save's RuntimeError,
+        # the tokenizers' and safetensors' "(os error 28)"): each gets the same line.
+        cause = os_error_of(e) if isinstance(e, Exception) else None
+        if cause is not None:
+            raise LMForgeError(f"could not {what}: {write_reason(cause)}") from e
+        if isinstance(e, SafetensorError):
+            raise LMForgeError(f"could not {what}: {e}") from e
         raise
 
 
@@ -269,7 +282,12 @@ def write_train_state(tmp: Path, train_state: dict) -> tuple[int, str]:
     optimizer state on a 2-core CPU): the manifest's sha256 covers the file."""
     with open(tmp / TRAIN_STATE_FILE, "wb") as f, _without_zip_crc():
         out = HashingWriter(f)
-        torch.save(train_state, out)
+        try:
+            torch.save(train_state, out)
+        except RuntimeError as e:  # torch's zip writer reports a failed write as its own error
+            if out.error is None:
+                raise
+            raise out.error from e
         f.flush()
         os.fsync(f.fileno())
     return out.size, out.sha256.hexdigest()
