@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -15,14 +16,42 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
     """(model, tokenizer) from a run dir (its best checkpoint when it selects one, else its latest good one), a
     checkpoint dir, or a Hugging Face model dir (config.json + model.safetensors / pytorch_model.bin). A fine-tuned
     run gives its fine-tuned backbone (a T5 translator, a GPT with the LM head it kept training). The model is in
-    eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads."""
+    eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads.
+
+    A run that is training may rotate its checkpoints while one is read: a read that fails while the run's set of
+    checkpoints changed is made again from the newest one."""
+    path = Path(path)
+    if not path.exists():
+        raise LMForgeError(f"checkpoint path not found: {path}")
+    for attempt in range(_ROTATION_RETRIES + 1):
+        before = _checkpoint_names(path)
+        try:
+            return _load(path, device)
+        except (LMForgeError, OSError) as e:
+            if attempt == _ROTATION_RETRIES or before is None or _checkpoint_names(path) == before:
+                raise
+            if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+                raise
+
+
+_ROTATION_RETRIES = 20
+
+
+def _checkpoint_names(path: Path) -> list[str] | None:
+    """The names in a run dir's checkpoints/ (None for anything else: a checkpoint dir is read as it is)."""
+    from lmforge.train import checkpoint as ckpt
+
+    try:
+        return sorted(os.listdir(path / ckpt.CHECKPOINTS_DIR))
+    except OSError:
+        return None
+
+
+def _load(path: Path, device: str | torch.device):
     from lmforge.models.hf import import_hf, is_hf_dir
     from lmforge.tokenizers import Tokenizer
     from lmforge.train import checkpoint as ckpt
 
-    path = Path(path)
-    if not path.exists():
-        raise LMForgeError(f"checkpoint path not found: {path}")
     if is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists():
         model, c = import_hf(path), path
         try:
@@ -42,6 +71,8 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
             model = Transformer(model_config_from_dict(cfg["model"]))
             _load_run_weights(c, model, cfg)
             tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
+        if not c.is_dir():  # rotated away by a live run while it was read: what was read may be part of it
+            raise LMForgeError(f"{c} was removed while it was read")
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise LMForgeError(
             f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"

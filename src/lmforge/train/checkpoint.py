@@ -352,8 +352,12 @@ def _prune(root: Path, step: int, keep_last: int, protect: tuple[int, ...] = ())
     for ckpt in older[: max(0, len(older) - (keep_last - 1))]:
         if _step_of(ckpt) in protect:
             continue
+        # Renamed out of the way first: a reader of the run (lmforge.load, generate) sees a whole checkpoint or
+        # none, never one half deleted.
+        doomed = root / f".tmp-{ckpt.name}-{os.getpid()}-{_NONCE}"
         try:
-            shutil.rmtree(ckpt)
+            ckpt.rename(doomed)
+            shutil.rmtree(doomed)
         except OSError as e:
             print(f"warning: could not delete old checkpoint {ckpt}: {os_reason(e)}", file=sys.stderr)
 
