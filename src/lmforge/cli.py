@@ -487,7 +487,11 @@ def entry() -> None:
     """The console script: `main()`, then the library exit handlers, then the process ends without tearing the
     interpreter down object by object (after a GPU run that teardown — the CUDA caching allocator, pinned buffers,
     compiled graphs — takes seconds; the operating system frees it all at once)."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C before a command ran (its imports, the parser): as during one
+        print("error: interrupted", file=sys.stderr)
+        code = 130
     shutdown = getattr(threading, "_shutdown", None)  # what interpreter shutdown runs first (CPython)
     if shutdown is None:
         sys.exit(code)
