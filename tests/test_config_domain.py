@@ -76,3 +76,13 @@ def test_a_config_built_in_python_is_checked_alike():
         with pytest.raises(LMForgeError) as e:
             Transformer(get_preset("gpt-tiny", **fields))
         assert str(e.value) == message
+
+
+def test_a_key_given_twice_in_a_recipe_is_refused(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: 1.0e-3\n  max_steps: 5\n  lr: 3.0e-4\n")  # plain YAML keeps 3e-4 silently
+    run = tmp_path / "run"
+    assert one_error_line(capsys, "pretrain", str(recipe), f"--run.dir={run}") == (
+        f"error: {recipe}: invalid YAML (key 'lr' given twice (line 4))"
+    )
+    assert not run.exists()

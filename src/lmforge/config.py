@@ -272,9 +272,25 @@ def resolve_recipe(recipe: str | None, kind: str = "pretrain") -> Path | None:
     raise LMForgeError(f"unknown recipe '{recipe}'{tip}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last value silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice (line {key_node.start_mark.line + 1})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict:
+    """A recipe (or saved config) file as a mapping; invalid YAML and repeated keys are one line."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as e:
         raise LMForgeError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
     except (OSError, UnicodeDecodeError) as e:
