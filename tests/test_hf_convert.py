@@ -131,6 +131,21 @@ def test_sharded_safetensors(tmp_path):
     _same_logits(import_hf(tmp_path / "sharded"), hf.eval())
 
 
+def test_a_shard_index_pointing_outside_the_model_dir_is_refused(tmp_path):
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4))
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    outside = tmp_path / "outside.safetensors"
+    first = next(iter(data["weight_map"]))
+    (tmp_path / "sharded" / data["weight_map"][first]).rename(outside)  # a real shard, but not in the model dir
+    data["weight_map"][first] = "../outside.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(LMForgeError) as e:
+        import_hf(tmp_path / "sharded")
+    assert str(e.value) == f"{index} names shard '../outside.safetensors', which is not a file of {tmp_path / 'sharded'}"
+
+
 class _Evil:
     def __reduce__(self):
         return (print, ("unpickled code ran",))

@@ -72,11 +72,14 @@ def read_hf_weights(hf_dir: Path) -> StateDict:
         index = hf_dir / f"{name}.index.json"
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-            except (OSError, ValueError, KeyError, AttributeError) as e:
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()), key=str)
+            except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
                 raise LMForgeError(f"could not read {index}: {e}") from e
             sd: StateDict = {}
             for shard in shards:
+                # A shard is a file of the model dir: an index naming "../x" or an absolute path is refused.
+                if not isinstance(shard, str) or (hf_dir / shard).resolve().parent != hf_dir.resolve():
+                    raise LMForgeError(f"{index} names shard {shard!r}, which is not a file of {hf_dir}")
                 if not (hf_dir / shard).is_file():
                     raise LMForgeError(f"{index} names shard {shard}, which is missing")
                 sd.update(_load_one(hf_dir / shard))
