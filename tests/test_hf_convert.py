@@ -143,7 +143,8 @@ def test_a_shard_index_pointing_outside_the_model_dir_is_refused(tmp_path):
     index.write_text(json.dumps(data))
     with pytest.raises(LMForgeError) as e:
         import_hf(tmp_path / "sharded")
-    assert str(e.value) == f"{index} names shard '../outside.safetensors', which is not a file of {tmp_path / 'sharded'}"
+    expected = f"{index} names shard '../outside.safetensors', which is not a file of {tmp_path / 'sharded'}"
+    assert str(e.value) == expected
 
 
 class _Evil:
