@@ -163,6 +163,18 @@ def test_pickle_with_code_is_refused(tmp_path, capsys):
     assert "unpickled code ran" not in capsys.readouterr().out
 
 
+def test_a_legacy_format_pytorch_model_bin_loads_and_one_with_code_is_refused(tmp_path, capsys):
+    hf = _hf_gpt2(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    torch.save(sd, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)  # torch < 1.6's format
+    _same_logits(import_hf(tmp_path), hf)
+    torch.save({**sd, "x": _Evil()}, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    with pytest.raises(LMForgeError, match="^refusing to load .*pytorch_model.bin: it holds objects other than"):
+        import_hf(tmp_path)
+    assert "unpickled code ran" not in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------------- errors
 
 

@@ -28,15 +28,25 @@ def cache_root() -> Path:
 def load_torch_file(path: Path, holds: str = "tensors and plain data") -> Any:
     """`torch.load(path, weights_only=True)` on CPU: a pickle can run code, so only tensors and plain containers
     are accepted. A damaged file or one holding other objects is one LMForgeError (`holds` names what is allowed)."""
-    # torch.save writes a zip archive; anything else is damaged (torch would report it as unsafe pickle).
-    if not zipfile.is_zipfile(path):
-        raise LMForgeError(f"could not read {path}: not a torch.save archive")
+    # torch.save writes a zip archive, or before torch 1.6 (and with _use_new_zipfile_serialization=False) a
+    # protocol-2 pickle stream, which weights_only reads as safely; anything else is damaged (torch would report
+    # it as unsafe pickle).
+    if not zipfile.is_zipfile(path) and not _legacy_torch_file(path):
+        raise LMForgeError(f"could not read {path}: not a torch.save file")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise LMForgeError(f"refusing to load {path}: it holds objects other than {holds}") from e
     except (OSError, RuntimeError, EOFError) as e:
         raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+
+
+def _legacy_torch_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x80\x02"  # pickle protocol 2: the legacy format's magic number comes first
+    except OSError:
+        return False
 
 
 def hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
