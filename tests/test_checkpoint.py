@@ -22,6 +22,7 @@ from lmforge.files import hash_file
 from lmforge.models.wrappers import unwrap_model
 from lmforge.train import checkpoint as ck
 from lmforge.train.checkpoint import (
+    WEIGHTS_FILE,
     latest_checkpoint,
     list_checkpoints,
     load_train_state,
@@ -453,3 +454,17 @@ def test_optimizer_and_rng_state_round_trip(tmp_path):
 def test_malformed_rng_state(tmp_path):
     with pytest.raises(LMForgeError, match="malformed RNG state"):
         restore_rng_state({"python": {"version": 3}})
+
+
+def test_identical_weights_give_identical_weight_files(tmp_path):
+    # safetensors writes its metadata in hash-map order, new for every call: without sorting, two saves of one
+    # model differ in half the cases (two metadata keys), so 12 saves nearly always disagree somewhere.
+    torch.manual_seed(0)
+    model = TinyLM()
+    digests = {hash_file(_save(tmp_path / f"r{i}", 1, model) / WEIGHTS_FILE)[1] for i in range(12)}
+    assert len(digests) == 1
+    with safe_open(str(tmp_path / "r0" / "checkpoints" / "step_1" / WEIGHTS_FILE), framework="pt") as f:
+        assert list(f.metadata()) == sorted(f.metadata())
+    loaded = TinyLM()
+    load_weights(tmp_path / "r0" / "checkpoints" / "step_1", loaded)
+    _assert_same_weights(model, loaded)

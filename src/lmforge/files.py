@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import pickle
 import re
@@ -39,6 +40,25 @@ def load_torch_file(path: Path, holds: str = "tensors and plain data") -> Any:
         raise LMForgeError(f"refusing to load {path}: it holds objects other than {holds}") from e
     except (OSError, RuntimeError, EOFError) as e:
         raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0] if str(e) else e!r}") from e
+
+
+def sort_safetensors_metadata(path: Path) -> None:
+    """Rewrite a safetensors header in place with its metadata keys sorted: the writer emits them in hash-map order,
+    which changes from call to call, so identical tensors would give files of different bytes (and sha256). The
+    header keeps its length, so the data offsets stay valid; any other layout is left as it is."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        raw = f.read(size)
+        header = json.loads(raw)  # dicts keep the file's order of the tensors
+        meta = header.get("__metadata__")
+        if not isinstance(meta, dict) or len(meta) < 2:
+            return
+        header["__metadata__"] = dict(sorted(meta.items()))
+        new = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(new) != len(raw.rstrip(b" ")):  # not the compact JSON expected: leave the file as written
+            return
+        f.seek(8)
+        f.write(new + b" " * (size - len(new)))
 
 
 def _legacy_torch_file(path: Path) -> bool:

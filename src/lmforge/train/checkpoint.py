@@ -73,6 +73,7 @@ from lmforge.files import (
     load_torch_file,
     os_error_of,
     os_reason,
+    sort_safetensors_metadata,
     write_atomic,
     write_reason,
 )
@@ -251,6 +252,7 @@ def _write_contents(
         on_partial()
     tensors, aliases = _tensors_to_save(model)
     save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", _TIED_META: json.dumps(aliases)})
+    sort_safetensors_metadata(tmp / WEIGHTS_FILE)  # the same weights, the same bytes, in every process
     del tensors
     known: dict[str, dict] = {}
     if train_state is not None:
