@@ -187,4 +187,7 @@ def test_lmforge_and_hf_losses_agree_on_tiny_models(name, preset):
     batch = spec.loss.make_batch(cfg, 2, 48, torch.Generator().manual_seed(1))
     ours, theirs = spec.loss.lmforge(model, batch), spec.loss.hf(twin, batch)
     assert abs(ours.item() - theirs.item()) < 1e-4
-    assert abs(ours.item() - math.log(cfg.vocab_size)) < 0.5  # a real cross-entropy over the vocabulary
+    # A real cross-entropy over the vocabulary: near ln V for GPT-2's and BERT's N(0, 0.02) init; T5's tied N(0, 1)
+    # embedding gives logits of std ~1 after the d_model^-0.5 rescale, ~ln V + 1/2 (+ sampling spread).
+    margin = 1.0 if cfg.init_scheme == "t5" else 0.5
+    assert abs(ours.item() - math.log(cfg.vocab_size)) < margin

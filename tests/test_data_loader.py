@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lmforge.data import TokenLoader, unigram_cross_entropy
+from lmforge.data.loader import take_rows
 from lmforge.errors import LMForgeError
 
 SEQ = 8
@@ -144,3 +145,15 @@ def test_unigram_cross_entropy(tmp_path: Path) -> None:
     # add-one counts over 4 ids: [1, 4, 2, 1] / 8
     expected = -(math.log(4 / 8) + math.log(2 / 8) + math.log(1 / 8)) / 3
     assert unigram_cross_entropy(d) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_ranks_rows_of_an_mlm_batch_leave_its_flat_index_out():
+    # MLM's mlm_index holds flat positions into the whole global batch: rows 2-3 of it would point elsewhere (and
+    # here it has as many entries as the batch has rows, so a shape test could not tell).
+    labels = torch.full((4, 6), -100)
+    labels[0, 1], labels[2, 3], labels[3, 0], labels[3, 5] = 5, 7, 9, 11
+    batch = {"input_ids": torch.randint(0, 50, (4, 6)), "labels": labels,
+             "mlm_index": (labels != -100).flatten().nonzero().squeeze(1)}  # fmt: skip
+    part = take_rows(batch, slice(2, 4))
+    assert "mlm_index" not in part and torch.equal(part["labels"], labels[2:4])
+    assert take_rows(batch, slice(0, 4)) is batch  # one process: the whole batch, index kept

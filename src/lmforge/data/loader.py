@@ -175,11 +175,20 @@ def rank_rows(n: int, rank: int, world_size: int) -> slice:
 
 
 def take_rows(batch: torch.Tensor | dict, rows: slice) -> torch.Tensor | dict:
-    """Rows of a batch: a tensor, or a dict of batch-first tensors (values of another length are kept whole)."""
+    """Rows of a batch: a tensor, or a dict of batch-first tensors (values of another length are kept whole).
+
+    A `*_index` value holds flat positions into the whole batch (e.g. MLM's selected positions), which no slice of
+    rows keeps valid: a proper subset of the rows leaves it out, and its consumer derives it from the labels."""
     if isinstance(batch, torch.Tensor):
         return batch[rows]
     n = next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim())
-    return {k: v[rows] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v for k, v in batch.items()}
+    if range(n)[rows] == range(n):
+        return batch
+    return {
+        k: v[rows] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+        for k, v in batch.items()
+        if not k.endswith("_index")
+    }
 
 
 def rank_batches(global_batches: Iterator[tuple[torch.Tensor | dict, slice]]) -> Iterator[torch.Tensor | dict]:
