@@ -73,6 +73,7 @@ from lmforge.files import (
     load_torch_file,
     os_error_of,
     os_reason,
+    pid_alive,
     sort_safetensors_metadata,
     write_atomic,
     write_reason,
@@ -370,21 +371,11 @@ def _remove_stale_scratch(root: Path) -> None:
         return
     for p in root.iterdir():
         m = _SCRATCH_RE.fullmatch(p.name)
-        if not m or m[4] == _NONCE or (int(m[3]) != os.getpid() and _pid_alive(int(m[3]))):
+        if not m or m[4] == _NONCE or (int(m[3]) != os.getpid() and pid_alive(int(m[3]))):
             continue
         # An .old- dir whose step_<N> is missing is the only copy left: keep it for the user.
         if m[1] == "tmp" or (root / f"step_{m[2]}").exists():
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        pass
-    return True
 
 
 def _check_plain_data(obj: Any, where: str) -> None:
