@@ -329,3 +329,42 @@ def test_train_device_cuda_means_each_ranks_own_gpu(monkeypatch):
     assert pick_device("cuda", DistInfo()) == torch.device("cuda", 0)
     assert pick_device("cuda", DistInfo(rank=3, world_size=4, local_rank=1)) == torch.device("cuda", 1)
     assert pick_device("cuda:0", DistInfo(rank=3, world_size=4, local_rank=1)) == torch.device("cuda", 0)
+
+
+def test_a_save_published_before_another_process_died_is_reported_as_saved(tmp_path, monkeypatch):
+    """Rank 1 killed after writing and hashing its shards, before the save's last barrier: rank 0 has published a
+    whole checkpoint, and says so instead of "could not save" (simulated in one process: the world of two is the
+    collectives' answer)."""
+    import torch.distributed as dist
+
+    from lmforge.train import dcp as dcp_mod
+    from lmforge.train.distributed import DistInfo
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()
+
+        def gather(out, mine, group=None):  # rank 1 wrote no shard files of its own here
+            out[:] = [mine, {}]
+
+        def barrier(*args, **kwargs):
+            raise RuntimeError("Connection closed by peer [127.0.0.1]:29500")
+
+        monkeypatch.setattr(dcp_mod.dist, "all_gather_object", gather)
+        monkeypatch.setattr(dcp_mod.dist, "barrier", barrier)
+        saver = dcp_mod.ShardedCheckpoints(DistInfo(rank=0, world_size=2), async_save=False)
+        with pytest.raises(LMForgeError) as e:
+            saver.save(tmp_path, 30, model, optimizer, model, config={"model": {}}, tokenizer=None,
+                       train_state={"step": 30}, keep_last=3)  # fmt: skip
+        final = tmp_path / "checkpoints" / "step_30"
+        assert str(e.value) == (
+            f"checkpoint step_30 is saved in {final}, but another process stopped during the save: "
+            "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
+        )
+        assert ck.verify_checkpoint(final) is None
+    finally:
+        monkeypatch.undo()
+        dist.destroy_process_group()

@@ -108,6 +108,8 @@ class ShardedCheckpoints:
                 self._finish(job, None)
                 return final
             future = dcp.async_save(tensors, storage_writer=shards, process_group=self.group)
+        except _SavedButStopped:
+            raise
         except Exception as e:
             self._abandon(tmp)
             raise LMForgeError(f"could not save checkpoint step_{step}: {_reason(e)}") from e
@@ -122,6 +124,8 @@ class ShardedCheckpoints:
             self.thread = None
         if self.error is not None:
             (step, e), self.error = self.error, None
+            if isinstance(e, _SavedButStopped):
+                raise e
             raise LMForgeError(f"could not save checkpoint step_{step}: {_reason(e)}") from e
 
     def _begin(self, root: Path, step: int, config: dict, tokenizer: Any, train_state: dict) -> Path:
@@ -156,6 +160,7 @@ class ShardedCheckpoints:
     def _finish(self, job: tuple, future: Any) -> None:
         """Once this rank's shards are written: hash them; rank 0 writes the manifest and publishes the dir."""
         tmp, final, step, keep_last, protect, on_partial = job
+        published = False
         try:
             if future is not None:
                 future.result()
@@ -170,17 +175,30 @@ class ShardedCheckpoints:
                 known = {k: v for files in every for k, v in files.items()}
                 ckpt.write_manifest(tmp, step, known)
                 ckpt._publish(tmp, final)
+                published = True
                 ckpt._prune(final.parent, step, keep_last, protect)
         except BaseException:
             self._abandon(tmp)
             raise
         finally:
             if future is None and self.dist.enabled:
-                dist.barrier()  # a synchronous save returns once the checkpoint is published
+                try:
+                    dist.barrier()  # a synchronous save returns once the checkpoint is published
+                except Exception as e:
+                    if published:  # another process died after its part: what was saved is whole, say so
+                        raise _SavedButStopped(
+                            f"checkpoint step_{step} is saved in {final}, but another process stopped during the "
+                            f"save: {_reason(e)}"
+                        ) from e
+                    raise
 
     def _abandon(self, tmp: Path) -> None:
         if self.dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _SavedButStopped(LMForgeError):
+    """The checkpoint was published, then a collective of the save failed (another process died)."""
 
 
 def _hash_own_shards(tmp: Path, rank: int) -> dict[str, dict]:
