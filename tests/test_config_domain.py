@@ -86,3 +86,14 @@ def test_a_key_given_twice_in_a_recipe_is_refused(tmp_path, capsys):
         f"error: {recipe}: invalid YAML (key 'lr' given twice (line 4))"
     )
     assert not run.exists()
+
+
+def test_a_warmup_longer_than_the_run_is_noted(tmp_path, capsys):
+    args = ["pretrain", "gpt", "--model.preset=gpt-tiny", "--train.batch_size=2", "--train.seq_len=32",
+            "--train.warmup_steps=8", "--sample.prompts=[]", "--train.eval_batches=1"]  # fmt: skip
+    note = "note: the warmup (8 steps) is longer than the run (train.max_steps=2): the learning rate rises for the "
+    note += "whole run and peaks at 25% of train.lr (lower train.warmup_steps)"
+    assert main([*args, f"--run.dir={tmp_path / 'short'}", "--train.max_steps=2"]) == 0
+    assert note in capsys.readouterr().err.splitlines()
+    assert main([*args, f"--run.dir={tmp_path / 'long'}", "--train.max_steps=8"]) == 0
+    assert "note: the warmup" not in capsys.readouterr().err

@@ -33,6 +33,7 @@ from lmforge.train.setup import (
     pick_device,
     prepare_data,
     seed_everything,
+    warmup_note,
 )
 
 
@@ -85,6 +86,8 @@ class Pretraining:
         check_inputs(cfg)
         if d.is_main:
             status(model_summary(cfg))
+            if note := warmup_note(cfg):
+                status(note)
         self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, d)
         check_vocab(cfg, self.tokenizer)
         self.data_dir = prepare_data(cfg, self.run_dir, self.tokenizer, d)

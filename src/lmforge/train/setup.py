@@ -96,6 +96,20 @@ def model_summary(cfg: Config) -> str:
     )
 
 
+def warmup_note(cfg: Config) -> str | None:
+    """A note when the warmup does not end before the run does: the learning rate then never reaches train.lr."""
+    from lmforge.train.optim import warmup_steps
+
+    t = cfg.train
+    warm = warmup_steps(t, t.max_steps)
+    if warm <= t.max_steps:
+        return None
+    return (
+        f"note: the warmup ({warm} steps) is longer than the run (train.max_steps={t.max_steps}): the learning rate "
+        f"rises for the whole run and peaks at {t.max_steps / warm:.0%} of train.lr (lower train.warmup_steps)"
+    )
+
+
 def apply_init(cfg: Config) -> Path | None:
     """run.init's checkpoint, with its model config (and tokenizer, unless data.tokenizer is set) put into cfg."""
     from lmforge.config import model_config_from_dict
