@@ -420,7 +420,8 @@ def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, to
         aliases = json.loads(meta.get(_TIED_META, "{}"))
         for alias, source in aliases.items():
             tensors[alias] = tensors[source]
-    except (SafetensorError, OSError, ValueError, KeyError, AttributeError) as e:
+    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, AttributeError) as e:
+        # RuntimeError: safetensors maps the file through torch, which reports a missing or unreadable file so
         raise LMForgeError(f"could not read {path}: {e}") from e
     return tensors
 
