@@ -15,7 +15,10 @@ from training_testing import make_prepared, restore_torch_globals
 import lmforge
 from lmforge.cli import main
 
-TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size=2", "--train.seq_len=32"]
+# Steps of a few hundred ms (a save and a deletion each): the race the issue found, at a pace at which a read made
+# again after a rotation can finish before the next one.
+TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size=8", "--train.seq_len=64",
+        "--train.grad_accum=4"]  # fmt: skip
 TINY += ["--train.eval_every=100000", "--train.eval_batches=1", "--sample.prompts=[]", "--train.log_every=1000"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -52,7 +55,7 @@ def test_load_and_generate_on_a_run_rotating_its_checkpoints_every_step(prepared
             assert tokenizer is not None and model.config.vocab_size == 512
             steps.add(max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*")))
         assert live.poll() is None, live.stderr.read()  # the run kept training all along
-        assert len(steps) > 10  # the reads really raced with rotation
+        assert len(steps) > 5  # the reads really raced with rotation
     finally:
         live.terminate()
         live.wait(60)

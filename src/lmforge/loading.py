@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
         except Exception:  # noqa: BLE001 — whatever a library raised for a file gone from under it
             if attempt == _ROTATION_RETRIES or before is None or _checkpoint_names(path) == before:
                 raise
+            time.sleep(0.02)  # let the run finish publishing the checkpoint that replaced it
 
 
 _ROTATION_RETRIES = 20
