@@ -10,6 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
+from lmforge.cli_args import Parser as _Parser
+from lmforge.cli_args import add_recipe_args, check_overrides, listing_help, recipe_help, recipe_of
 from lmforge.errors import LMForgeError
 
 
@@ -17,7 +19,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     from lmforge.api import pretrain_config
     from lmforge.train.pretrain import Pretraining
 
-    cfg = pretrain_config(args.recipe, args.overrides, resume=args.resume)
+    cfg = pretrain_config(recipe_of(args), args.overrides, resume=args.resume)
     run = Pretraining(cfg, resume=args.resume)
     final = run.fit()
     if run.dist.is_main:
@@ -57,7 +59,7 @@ def _report_pretrain(trainer, final: dict) -> None:
 def _finetune(args: argparse.Namespace) -> None:
     from lmforge.finetune_cli import cmd_finetune
 
-    cmd_finetune(args.recipe, args.init, args.overrides, resume=args.resume)
+    cmd_finetune(recipe_of(args), args.init, args.overrides, resume=args.resume)
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -85,17 +87,17 @@ def _align(args: argparse.Namespace) -> None:
             args.max_new_tokens, args.samples, args.out, args.seed,
         )  # fmt: skip
     elif args.sub == "ppo":
-        a.cmd_ppo(args.recipe, args.init, args.overrides, resume=args.resume, reward=args.reward)
+        a.cmd_ppo(recipe_of(args), args.init, args.overrides, resume=args.resume, reward=args.reward)
     else:
         run = {"sft": a.cmd_sft, "reward": a.cmd_reward, "dpo": a.cmd_dpo}[args.sub]
-        run(args.recipe, args.init, args.overrides, resume=args.resume)
+        run(recipe_of(args), args.init, args.overrides, resume=args.resume)
 
 
 def _compress(args: argparse.Namespace) -> None:
     from lmforge.compress import cli as c
 
     if args.sub == "report":
-        c.cmd_compress_report(args.recipe, args.teacher, args.overrides, resume=args.resume)
+        c.cmd_compress_report(recipe_of(args), args.teacher, args.overrides, resume=args.resume)
     else:
         c.cmd_quantize(args.path, threads=args.threads)
 
@@ -171,21 +173,23 @@ def _model_info(args: argparse.Namespace) -> None:
 def _convert(args: argparse.Namespace) -> None:
     from lmforge.convert_cli import cmd_convert
 
-    cmd_convert(args.src, args.out, args.to)
+    cmd_convert(args.src, args.out, args.to, merge=args.merge)
 
 
 def _scaling(args: argparse.Namespace) -> None:
     from lmforge.experiments.sweep import cmd_scaling
 
     devices = args.devices.split(",") if args.devices else None
-    cmd_scaling(args.sweep, args.overrides, out=args.out, jobs=args.jobs, devices=devices, dry_run=args.dry_run)
+    cmd_scaling(
+        _named(args, "sweep"), args.overrides, out=args.out, jobs=args.jobs, devices=devices, dry_run=args.dry_run
+    )
 
 
 def _experiment(args: argparse.Namespace) -> None:
     from lmforge.experiments.experiment import cmd_experiment
 
     devices = args.devices.split(",") if args.devices else None
-    cmd_experiment(args.experiment, args.overrides, out=args.out, jobs=args.jobs, devices=devices,
+    cmd_experiment(_named(args, "experiment"), args.overrides, out=args.out, jobs=args.jobs, devices=devices,
                    dry_run=args.dry_run, only=args.only)  # fmt: skip
 
 
@@ -195,50 +199,20 @@ def _probe(args: argparse.Namespace) -> None:
     cmd_probe(args.target, args.n_positions)
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose epilog is built only when help is shown (`epilog_fn`): listing every config key
-    imports the registries, which the other commands need not wait for."""
-
-    def __init__(self, *args, epilog_fn=None, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(*args, **kwargs)
-        self.epilog_fn = epilog_fn
-
-    def format_help(self) -> str:
-        if self.epilog_fn is not None:
-            self.epilog = self.epilog_fn()
-        return super().format_help()
-
-
-def _schema_help(kind: str):
-    def build() -> str:
-        from lmforge.confighelp import schema_help
-
-        if kind == "align":
-            from lmforge.align.config import AlignConfig as schema
-        else:
-            from lmforge.compress.config import CompressConfig as schema
-        return schema_help(kind, schema)
-
-    return build
-
-
-def _pretrain_help() -> str:
-    from lmforge.confighelp import pretrain_help
-
-    return pretrain_help()
-
-
-def _finetune_help() -> str:
-    from lmforge.confighelp import finetune_help
-
-    return finetune_help()
+def _named(args: argparse.Namespace, field: str) -> str:
+    """The experiment / sweep file a command line names (as the positional or --config FILE)."""
+    name = recipe_of(args, field)
+    if name is None:
+        raise LMForgeError(f"name the {field}: a file or a bundled name (see lmforge {args.command} --help)")
+    return name
 
 
 def _config_show(args: argparse.Namespace) -> None:
     from lmforge.config_show import show_config
 
-    print(show_config(args.recipe, args.kind, args.overrides, init=args.init, resume=args.resume), end="")
+    teacher = getattr(args, "teacher", None)  # `config show --kind`, or a training command's own kind
+    print(show_config(recipe_of(args), args.kind, args.overrides, init=getattr(args, "init", None),
+                      resume=args.resume, method=getattr(args, "method", None), teacher=teacher), end="")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,13 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars or status lines (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    pt = sub.add_parser("pretrain", help="pretrain a model from a recipe (default: the demo)", epilog_fn=_pretrain_help)
-    pt.add_argument("recipe", nargs="?", help="recipe path or bundled name (e.g. gpt)")
+    pt = sub.add_parser("pretrain", help="pretrain a model from a recipe (default: the demo)",
+                        epilog_fn=recipe_help("pretrain"))  # fmt: skip
+    add_recipe_args(pt, "pretrain", "recipe path or bundled name (e.g. gpt; default: demo)")
     pt.add_argument("--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint")
     pt.set_defaults(fn=_pretrain)
 
-    ft = sub.add_parser("finetune", help="fine-tune a model on a labelled task", epilog_fn=_finetune_help)
-    ft.add_argument("recipe", nargs="?", help="recipe path or bundled name in recipes/finetune (default sst2-gpt)")
+    ft = sub.add_parser("finetune", help="fine-tune a model on a labelled task", epilog_fn=recipe_help("finetune"))
+    add_recipe_args(ft, "finetune", "recipe path or bundled name in recipes/finetune (default sst2-gpt)")
     ft.add_argument("--init", help="pretrained run/checkpoint/HF dir, fine-tuned run, preset, or none")
     ft.add_argument("--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint")
     ft.set_defaults(fn=_finetune)
@@ -274,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     methods = [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO"),
                ("ppo", "RLHF with PPO against a reward model")]  # fmt: skip
     for name, what in methods:
-        ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align", epilog_fn=_schema_help("align"))
-        ap.add_argument("recipe", nargs="?")
+        ap = al.add_parser(name, help=f"{what} from a recipe in recipes/align", epilog_fn=recipe_help("align", name))
+        add_recipe_args(ap, "align", "recipe path or bundled name in recipes/align", method=name)
         ap.add_argument("--init", help="pretrained (or SFT) run/checkpoint dir")
         ap.add_argument(
             "--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint"
@@ -315,9 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cr = co.add_parser(
         "report", help="distil/quantise/prune a fine-tuned teacher and tabulate size, latency, accuracy",
-        epilog_fn=_schema_help("compress"),
+        epilog_fn=recipe_help("compress"),
     )  # fmt: skip
-    cr.add_argument("recipe", nargs="?")
+    add_recipe_args(cr, "compress", "recipe path or bundled name in recipes/compress (default sentiment-gpt)")
     cr.add_argument("--teacher", help="fine-tuned run dir (default: the recipe's)")
     cr.add_argument("--resume", action="store_true", help="continue an interrupted report (finished parts are kept)")
     cr.set_defaults(fn=_compress)
@@ -331,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cs = cf.add_parser("show", help="print the resolved YAML of a recipe with overrides (as the run would save it)")
     cs.add_argument("recipe", nargs="?", help="recipe name or path (default: the pretraining demo)")
+    cs.add_argument("--config", dest="config_file", metavar="FILE", help="the recipe file (the same as RECIPE)")
     cs.add_argument("--kind", choices=["pretrain", "finetune", "align", "compress"], help="default: from the recipe")
     cs.add_argument("--init", help="finetune/align: the model to start from")
     cs.add_argument("--resume", action="store_true", help="the config a resumed run in --run.dir continues with")
@@ -399,21 +375,28 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("src", type=Path, help="HF model dir, lmforge run dir or checkpoint dir")
     cv.add_argument("--out", type=Path, required=True)
     cv.add_argument("--to", choices=["hf", "lmforge"], required=True)
+    cv.add_argument("--merge", action="store_true", help="a LoRA fine-tuned run: fold the LoRA into one HF model dir "
+                    "(default: a peft adapter dir + its base model in OUT/base)")  # fmt: skip
     cv.set_defaults(fn=_convert)
 
-    sc = sub.add_parser("scaling", help="pretrain a grid of sizes × token budgets, fit scaling laws, report")
-    sc.add_argument("sweep", help="sweep file or bundled name in recipes/scaling (e.g. tiny); --a.b=value: every arm")
+    sc = sub.add_parser("scaling", help="pretrain a grid of sizes × token budgets, fit scaling laws, report",
+                        epilog_fn=listing_help("scaling", "sweep"))  # fmt: skip
+    sc.add_argument("sweep", nargs="?", help="sweep file or bundled name in recipes/scaling (e.g. tiny); "
+                    "--a.b=value: every arm")  # fmt: skip
+    sc.add_argument("--config", dest="config_file", metavar="FILE", help="the sweep file (the same as SWEEP)")
     sc.add_argument("--out", help="sweep dir (default: the file's out:)")
     sc.add_argument("--jobs", type=int, default=1, help="arms run at once")
     sc.add_argument("--devices", help="GPUs for the job slots, round robin, e.g. 0,1,2,3")
     sc.add_argument("--dry-run", action="store_true", help="list the arms and a command line; run nothing")
     sc.set_defaults(fn=_scaling)
 
-    ex = sub.add_parser("experiment", help="pretrain a grid of arms at one budget, fine-tune/evaluate each, tabulate")
+    ex = sub.add_parser("experiment", help="pretrain a grid of arms at one budget, fine-tune/evaluate each, tabulate",
+                        epilog_fn=listing_help("experiments", "experiment"))  # fmt: skip
+    ex.add_argument("--config", dest="config_file", metavar="FILE", help="the experiment file (as EXPERIMENT)")
     ex.add_argument(
-        "experiment", help="experiment file or bundled name in recipes/experiments (e.g. roberta-masking-tiny); "
-        "--a.b=value: every pretraining arm, --finetune.a.b=value: every fine-tuning run, --eval.a.b=value: every "
-        "evaluation, --seeds=0,1 and --budget.tokens|flops|steps=N: the file's",
+        "experiment", nargs="?", help="experiment file or bundled name in recipes/experiments (e.g. "
+        "roberta-masking-tiny); --a.b=value: every pretraining arm, --finetune.a.b=value: every fine-tuning run, "
+        "--eval.a.b=value: every evaluation, --seeds=0,1 and --budget.tokens|flops|steps=N: the file's",
     )  # fmt: skip
     ex.add_argument("--out", help="experiment dir (default: the file's out:)")
     ex.add_argument("--jobs", type=int, default=1, help="runs at once (on one GPU, or round robin over --devices)")
@@ -445,24 +428,54 @@ def main(argv: list[str] | None = None) -> int:
         set_quiet(was_quiet)
 
 
-def _run(argv: list[str]) -> int:
-    debug = "--debug" in argv
-    argv = [a for a in argv if a not in ("--debug", "--quiet")]
+_OVERRIDE_KINDS = {"pretrain": "pretrain", "finetune": "finetune", "scaling": "scaling", "experiment": "experiment",
+                   "align": "align", "compress": "compress"}  # fmt: skip
+"""Commands whose extra arguments are config overrides, and the kind that checks them (eval's go as they are)."""
+
+
+def _parse_and_run(argv: list[str], debug: bool) -> int:
+    """Parse the command line and run its command (`lmforge eval [RUN] --harness ARGS`: lm_eval's command line)."""
+    if argv[:1] == ["eval"] and "--harness" in argv:
+        return _harness(argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.debug = debug
-    takes_overrides = ("pretrain", "finetune", "eval", "scaling", "experiment")
-    if args.command in takes_overrides or (args.command, getattr(args, "sub", None)) in (
-        ("align", "sft"), ("align", "reward"), ("align", "dpo"), ("align", "ppo"), ("compress", "report"),
-        ("config", "show"),
-    ):  # fmt: skip
+    sub = getattr(args, "sub", None)
+    if args.command in _OVERRIDE_KINDS and (args.command not in ("align", "compress") or hasattr(args, "kind")):
+        args.overrides = check_overrides(_OVERRIDE_KINDS[args.command], extra)
+    elif (args.command, sub) == ("config", "show"):
+        from lmforge.config_show import recipe_kind
+
+        args.overrides = check_overrides(args.kind or recipe_kind(recipe_of(args)), extra)
+    elif args.command == "eval":
         args.overrides = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
+    if getattr(args, "print_config", False):
+        _config_show(args)
+    else:
         args.fn(args)
+    return 0
+
+
+def _harness(args: list[str]) -> int:
+    """`lmforge eval [MODEL] --harness ARGS`: lm_eval's command line with the `lmforge` model and tasks."""
+    from lmforge.eval.harness import main as harness_main
+
+    i = args.index("--harness")
+    before, after = args[:i], args[i + 1 :]
+    if len(before) > 1 or (before and before[0].startswith("-")):
+        raise LMForgeError("eval --harness: give lm_eval's arguments after --harness (before it only the model dir)")
+    return harness_main(after, model=before[0] if before else None)
+
+
+def _run(argv: list[str]) -> int:
+    debug = "--debug" in argv
+    argv = [a for a in argv if a not in ("--debug", "--quiet")]
+    try:
+        return _parse_and_run(argv, debug)
     except LMForgeError as e:
-        if args.debug:
+        if debug:
             raise
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -473,14 +486,13 @@ def _run(argv: list[str]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:  # an internal bug: still one line unless --debug
-        if args.debug:
+        if debug:
             raise
         print(
             f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
             file=sys.stderr,
         )
         return 1
-    return 0
 
 
 def entry() -> None:

@@ -15,15 +15,17 @@ def _check_out(out: Path, src: Path, to: str) -> None:
         raise LMForgeError(f"output {out} is a file, expected a directory")
     if out.resolve() == src.resolve():
         raise LMForgeError(f"output {out} is the source directory")
-    marker = "config.json" if to == "hf" else "manifest.json"
-    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+    markers = ("config.json", "adapter_config.json") if to == "hf" else ("manifest.json",)
+    if out.is_dir() and any(out.iterdir()) and not any((out / m).is_file() for m in markers):
         raise LMForgeError(f"output directory {out} is not empty")
 
 
-def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"]) -> None:
+def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"], merge: bool = False) -> None:
     """Convert `src` (an lmforge run/checkpoint dir or a Hugging Face model dir) to `to` format at `out`.
 
-    hf: config.json + model.safetensors (+ tokenizer files) that `transformers` Auto classes load.
+    hf: config.json + model.safetensors (+ tokenizer files) that `transformers` Auto classes load; a fine-tuned run
+    becomes its task model (`*ForSequenceClassification`, ...) with its labels, a LoRA run a peft adapter + its base
+    (`merge`: the LoRA folded into one plain model dir instead).
     lmforge: a checkpoint dir (model.safetensors, config.yaml, tokenizer, manifest.json) for `lmforge.load`.
     """
     from lmforge.loading import load
@@ -32,6 +34,13 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"]) -> None:
         raise LMForgeError(f"unknown conversion target '{to}' (choose hf or lmforge)")
     src, out = Path(src), Path(out)
     _check_out(out, src, to)
+    if to == "hf" and _finetuned(src):
+        from lmforge.tasks.export_run import export_finetuned
+
+        print(export_finetuned(src, out, merge=merge))
+        return
+    if merge:
+        raise LMForgeError(f"--merge applies to a fine-tuned LoRA run converted to hf, and {src} is none")
     model, tokenizer = load(src)
     if to == "hf":
         from lmforge.models.hf import export_hf
@@ -46,3 +55,10 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"]) -> None:
         config = {"model": dataclasses.asdict(model.config)}
         write_checkpoint_dir(out, model, config=config, tokenizer=tokenizer)
         print(f"wrote lmforge checkpoint of '{model.config.name}' ({model.num_params():,} parameters) to {out}")
+
+
+def _finetuned(src: Path) -> bool:
+    """Whether `src` is a fine-tuned run or checkpoint (exported as its task model)."""
+    from lmforge.finetune_cli import _finetuned_run
+
+    return src.exists() and _finetuned_run(src)
