@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
+from lmforge.models.hf_surface import HFOutputMixin, HFSurface
 from lmforge.models.init import init_weights
 from lmforge.models.layers import KVCache, activation_fn, make_norm
 from lmforge.models.lm_head import aligned_head_logits, cross_entropy
@@ -20,7 +21,7 @@ from lmforge.models.stack import Stack
 
 
 @dataclass
-class ModelOutput:
+class ModelOutput(HFOutputMixin):
     last_hidden_state: Tensor
     """(B, T, d_model): the decoder's for decoder and encoder-decoder models, else the encoder's."""
     logits: Tensor | None = None
@@ -47,6 +48,8 @@ class ModelOutput:
     """XLNet query stream (forward(..., query_positions=...)): (B, P, d_model) at the target positions."""
     query_logits: Tensor | None = None
     """(B, P, vocab_size) LM-head logits of the query stream, when logits were requested."""
+    loss: Tensor | None = None
+    """forward(..., labels=...) only: the LM head's cross-entropy against the labels (models/hf_surface.py)."""
 
 
 def _kinds(attn_kind: Tensor | None, prefix_len: Tensor | None) -> dict:
@@ -75,8 +78,9 @@ class RTDHead(nn.Module):
         return self.out(self.act(self.dense(h))).squeeze(-1)  # (B, T)
 
 
-class Transformer(nn.Module):
-    """A decoder, encoder or encoder-decoder transformer, chosen by `ModelConfig.arch`."""
+class Transformer(HFSurface, nn.Module):
+    """A decoder, encoder or encoder-decoder transformer, chosen by `ModelConfig.arch`; `HFSurface` adds the
+    Hugging Face-shaped methods (generate, save_pretrained, from_pretrained)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -267,6 +271,8 @@ class Transformer(nn.Module):
         perm_mask: Tensor | None = None,
         query_positions: Tensor | None = None,
         attn_kind: Tensor | None = None,
+        labels: Tensor | None = None,
+        num_items_in_batch: int | Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T)).
 
@@ -287,8 +293,13 @@ class Transformer(nn.Module):
         XLNet's factorisation-order mask; query_positions (B, P) runs the query stream at those positions.
 
         attn_kind (B,): a self-attention kind per row for one-stack models (models/masks.py: bidirectional,
-        left-to-right, right-to-left, seq2seq with prefix_len source tokens; UniLM), replacing the stack's mask."""
+        left-to-right, right-to-left, seq2seq with prefix_len source tokens; UniLM), replacing the stack's mask.
+
+        labels (B, T), -100 where ignored: as a `transformers` model takes them, also return their loss
+        (ModelOutput.loss; next-token for decoders, models/hf_surface.py); an encoder-decoder without
+        decoder_input_ids decodes the labels shifted right. num_items_in_batch: see `hf_surface.labels_loss`."""
         cfg = self.config
+        decoder_input_ids = self._hf_decoder_inputs(labels, decoder_input_ids)
         if attn_kind is not None and cfg.arch == "encoder-decoder":
             raise LMForgeError(
                 "attn_kind (a self-attention kind per row) applies to one-stack models, not encoder-decoders"
@@ -303,9 +314,10 @@ class Transformer(nn.Module):
         if use_cache and cache is None:
             cache = KVCache(cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers)
         if cfg.position == "xl":
-            return self._forward_xl(
+            out = self._forward_xl(
                 input_ids, attention_mask, token_type_ids, cache, xl, output_hidden_states, return_logits
             )
+            return self._with_loss(out, labels, num_items_in_batch)
         enc = pooled = None
         hidden = [] if output_hidden_states else None
         enc_hidden = [] if output_hidden_states and cfg.arch == "encoder-decoder" else None
@@ -352,4 +364,5 @@ class Transformer(nn.Module):
         extra = self.mtp(self, h, input_ids, attention_mask) if mtp else None
         hs = tuple(hidden) if hidden is not None else None
         enc_hs = tuple(enc_hidden) if enc_hidden else None
-        return ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra, hs, enc_hs)
+        out = ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra, hs, enc_hs)
+        return self._with_loss(out, labels, num_items_in_batch)

@@ -1,0 +1,353 @@
+"""The Hugging Face-shaped surface of `Transformer`: `generate`, `save_pretrained` / `from_pretrained`, `labels=`
+returning a loss, and outputs indexable as `transformers` ModelOutputs (`out[0]`, `out["loss"]`).
+
+It is a thin layer over lmforge's own code, which stays the way in: generation is `lmforge.generate` (sampling,
+beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (`train/checkpoint.py`, read back by
+`lmforge.load`), and the loss of `labels=` is the LM head's cross-entropy the objectives use (`lm_head.py`). The
+model's own forward stays loss-free: the loss is added here, after it, only when labels are given.
+
+This surface is a facade over the whole library, so its methods import `lmforge.generate`, `lmforge.loading` and
+the checkpoint writer when called; nothing in lmforge calls them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lmforge.errors import LMForgeError
+from lmforge.models.lm_head import cross_entropy
+
+IGNORE_INDEX = -100
+"""Label value that takes no part in the loss (Hugging Face's and PyTorch's convention)."""
+
+_GENERATE_ARGS = (
+    "input_ids, attention_mask, max_new_tokens, max_length, do_sample, temperature, top_k, top_p, num_beams, "
+    "length_penalty, eos_token_id, pad_token_id, num_return_sequences, generator, compile, use_cache"
+)
+
+
+def _one_line_kwargs(what: str, unsupported: dict, supported: str) -> LMForgeError:
+    names = ", ".join(sorted(unsupported))
+    return LMForgeError(f"{what} does not support {names} (it takes: {supported})")
+
+
+class HFOutputMixin:
+    """Read a dataclass output as `transformers` reads a ModelOutput: by key (`out["loss"]`), by position over
+    the fields that are set (`out[0]` is the loss when labels were given, else the logits), or as `to_tuple()`.
+
+    The positional view is Hugging Face's: loss, then logits, then the other set tensors in field order. The last
+    hidden state is left out of it when there are logits (as a `...ForCausalLM` output has none), and the KV cache
+    is never in it (it is not a tensor); both stay attributes."""
+
+    def _hf_fields(self) -> list[tuple[str, Any]]:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        order = ["loss", "logits"] + [k for k in values if k not in ("loss", "logits")]
+        skip = {"cache"} | ({"last_hidden_state"} if values.get("logits") is not None else set())
+        return [(k, values[k]) for k in order if k not in skip and values[k] is not None]
+
+    def keys(self) -> list[str]:
+        return [k for k, _ in self._hf_fields()]
+
+    def values(self) -> list[Any]:
+        return [v for _, v in self._hf_fields()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return self._hf_fields()
+
+    def to_tuple(self) -> tuple:
+        return tuple(self.values())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self):
+        return iter(self.keys())  # as a ModelOutput (an OrderedDict) iterates its keys
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, str):
+            fields = dict(self._hf_fields())
+            if key not in fields:
+                raise KeyError(f"{key!r} is not set in this output (set: {', '.join(fields) or 'none'})")
+            return fields[key]
+        return self.to_tuple()[key]
+
+
+def shift_right(labels: Tensor, start_id: int, pad_id: int) -> Tensor:
+    """Decoder inputs (B, T) from decoder labels (B, T): the start token, then the labels but the last, with
+    ignored positions (-100) as padding (HF T5/BART `shift_tokens_right`)."""
+    start = labels.new_full((labels.shape[0], 1), start_id)
+    shifted = torch.cat([start, labels[:, :-1]], dim=1)
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_id)
+
+
+def labels_loss(model, out, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
+    """Cross-entropy (nats) of the LM head against `labels` (B, T), -100 ignored, as the objectives score it.
+
+    Decoders predict the next token: position t is scored against labels[t + 1] (labels = input_ids, as HF's
+    causal LMs take them). Encoders (MLM) and encoder-decoders score each position against its own label. The mean
+    is over the labelled tokens, or a sum over `num_items_in_batch` (what `transformers.Trainer` passes so that
+    gradient accumulation averages over every token of the accumulated batch)."""
+    cfg = model.config
+    if not cfg.lm_head:
+        raise LMForgeError(f"labels= needs a model with an LM head, and '{cfg.name}' ({cfg.arch}) has none")
+    if labels.shape != out.last_hidden_state.shape[:2]:
+        got, want = tuple(labels.shape), tuple(out.last_hidden_state.shape[:2])
+        raise LMForgeError(f"labels have shape {got}, the model's output positions are {want}")
+    labels = labels.to(out.last_hidden_state.device)
+    causal = cfg.arch == "decoder"
+    if out.logits is not None:
+        logits = out.logits[:, :-1] if causal else out.logits
+        target = labels[:, 1:] if causal else labels
+        loss = cross_entropy(logits, target, IGNORE_INDEX)
+    else:  # return_logits=False: the head runs inside the loss (Transformer.lm_loss, as causal_lm's objective)
+        h = out.last_hidden_state[:, :-1] if causal else out.last_hidden_state
+        target = labels[:, 1:] if causal else labels
+        loss = model.lm_loss(h, target)
+    if num_items_in_batch is not None:
+        loss = loss * (target != IGNORE_INDEX).sum() / num_items_in_batch
+    return loss
+
+
+def _max_new_tokens(cfg, input_ids: Tensor, max_new_tokens: int | None, max_length: int | None) -> int:
+    """HF's length arguments as new tokens: max_new_tokens wins; max_length counts the prompt (decoders) or the
+    decoder start token (encoder-decoders); neither means max_length 20, as HF's default generation config."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    length = 20 if max_length is None else max_length
+    used = 1 if cfg.arch == "encoder-decoder" else input_ids.shape[1]
+    return max(0, length - used)
+
+
+def _eos_id(eos_token_id: int | list[int] | None) -> int | None:
+    if isinstance(eos_token_id, (list, tuple)):
+        if len(eos_token_id) > 1:
+            raise LMForgeError(f"generate stops on one eos_token_id, got {len(eos_token_id)}: {list(eos_token_id)}")
+        return int(eos_token_id[0]) if eos_token_id else None
+    return None if eos_token_id is None else int(eos_token_id)
+
+
+def _pad_after_eos(out: Tensor, start: int, eos_id: int | None, pad_id: int | None) -> Tensor:
+    """Positions after each row's first EOS among the generated tokens (from column `start`) set to pad_id (lmforge
+    fills them with EOS; HF with pad_token_id)."""
+    if eos_id is None or pad_id is None or pad_id == eos_id or out.shape[1] <= start:
+        return out
+    new = out[:, start:]
+    after = (new == eos_id).int().cumsum(1) - (new == eos_id).int() > 0  # strictly after the first EOS
+    return torch.cat([out[:, :start], new.masked_fill(after, pad_id)], dim=1)
+
+
+class HFSurface:
+    """Hugging Face-shaped methods of `Transformer` (mixed into it); see the module docstring."""
+
+    main_input_name = "input_ids"
+    accepts_loss_kwargs = True
+    """`transformers.Trainer` passes num_items_in_batch to forward (exact averaging under gradient accumulation)."""
+
+    @property
+    def loss_type(self) -> str:
+        """What `labels=` scores, in `transformers`' names: "ForCausalLM" (decoders: the labels are shifted, which
+        `transformers.Trainer` reads to count a batch's scored tokens) or "ForMaskedLM" (every labelled position)."""
+        return "ForCausalLM" if self.config.arch == "decoder" else "ForMaskedLM"  # type: ignore[attr-defined]
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters (of the first one)."""
+        return next(self.parameters()).device  # type: ignore[attr-defined]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating-point dtype of the model's parameters (of the first one)."""
+        return next(self.parameters()).dtype  # type: ignore[attr-defined]
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """HF's parameter count (tied tensors once); `transformers.Trainer` reads it for its FLOP estimate."""
+        if not only_trainable:
+            return self.num_params(non_embedding=exclude_embeddings)  # type: ignore[attr-defined]
+        seen = {id(p): p for p in self.parameters() if p.requires_grad}  # type: ignore[attr-defined]
+        return sum(p.numel() for p in seen.values())
+
+    def get_input_embeddings(self):
+        return self.tok_emb  # type: ignore[attr-defined]
+
+    def get_output_embeddings(self):
+        return self.lm_head if self.config.lm_head else None  # type: ignore[attr-defined]
+
+    def _hf_decoder_inputs(self, labels: Tensor | None, decoder_input_ids: Tensor | None) -> Tensor | None:
+        """An encoder-decoder given labels but no decoder inputs decodes the labels shifted right (HF T5/BART)."""
+        cfg = self.config  # type: ignore[attr-defined]
+        if labels is None or decoder_input_ids is not None or cfg.arch != "encoder-decoder":
+            return decoder_input_ids
+        return shift_right(labels, cfg.decoder_start_id, cfg.pad_id)
+
+    def _with_loss(self, out, labels: Tensor | None, num_items_in_batch: int | Tensor | None):
+        if labels is not None:
+            out.loss = labels_loss(self, out, labels, num_items_in_batch)
+        return out
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        max_length: int | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_beams: int = 1,
+        length_penalty: float = 1.0,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        num_return_sequences: int = 1,
+        generator: torch.Generator | None = None,
+        compile: bool = False,
+        use_cache: bool = True,
+        **unsupported: Any,
+    ) -> Tensor:
+        """Generate as `transformers`' `model.generate` does, through `lmforge.generate.generate`.
+
+        Decoders take left-padded prompts and return prompt + continuation (B, T + n); encoder-decoders take the
+        source and return the decoder sequence from its start token (B, 1 + n). Greedy unless do_sample (then
+        temperature / top_k / top_p; no top-k filter unless asked: there is no generation config), beam search when
+        num_beams > 1. After a row's EOS come pad_token_id (when given) or EOS. use_cache is accepted either way
+        (decoding always caches; the tokens are the same). Other `transformers` options are refused in one line."""
+        if unsupported:
+            raise _one_line_kwargs("generate()", unsupported, _GENERATE_ARGS)
+        if input_ids is None:
+            raise LMForgeError("generate() needs input_ids (a (batch, length) tensor of prompt token ids)")
+        if do_sample and temperature <= 0:
+            raise LMForgeError(f"do_sample=True needs temperature > 0, got {temperature} (greedy: do_sample=False)")
+        if do_sample and num_beams > 1:
+            raise LMForgeError("do_sample=True with num_beams > 1 (beam sampling) is not supported: pick one")
+        if num_return_sequences != 1:
+            if not do_sample or num_return_sequences < 1:
+                raise LMForgeError(
+                    f"num_return_sequences={num_return_sequences} needs do_sample=True and a value >= 1 "
+                    "(greedy and beam search return one sequence per prompt)"
+                )
+            input_ids = input_ids.repeat_interleave(num_return_sequences, dim=0)
+            if attention_mask is not None:
+                attention_mask = attention_mask.repeat_interleave(num_return_sequences, dim=0)
+        from lmforge.generate import generate  # generation drives this model (it sits beside models/)
+
+        eos = _eos_id(eos_token_id)
+        out = generate(
+            self, input_ids, attention_mask,
+            max_new_tokens=_max_new_tokens(self.config, input_ids, max_new_tokens, max_length),  # type: ignore[attr-defined]
+            temperature=temperature if do_sample else 0.0, top_k=top_k if do_sample else None,
+            top_p=top_p if do_sample else None, eos_id=eos, num_beams=num_beams, length_penalty=length_penalty,
+            generator=generator, compile=compile,
+        )  # fmt: skip
+        start = 1 if self.config.arch == "encoder-decoder" else input_ids.shape[1]  # type: ignore[attr-defined]
+        return _pad_after_eos(out, start, eos, pad_token_id)
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        tokenizer=None,
+        format: Literal["lmforge", "hf"] = "lmforge",
+        state_dict: dict[str, Tensor] | None = None,
+        is_main_process: bool = True,
+        safe_serialization: bool = True,
+        **unsupported: Any,
+    ) -> Path:
+        """Write the model (and `tokenizer`, when given) into `save_directory`, kept with any other files there.
+
+        format="lmforge": an lmforge checkpoint dir (model.safetensors with tied weights stored once, config.yaml,
+        manifest.json), which `from_pretrained`, `lmforge.load` and every lmforge command read. format="hf": a
+        Hugging Face model dir through lmforge's converter (`lmforge convert --to hf`), which `transformers`' Auto
+        classes load. state_dict (weights to write instead of the model's own) and is_main_process are
+        `transformers.Trainer`'s arguments; the weights are always safetensors."""
+        if unsupported:
+            raise _one_line_kwargs("save_pretrained()", unsupported, "tokenizer, format, state_dict, is_main_process")
+        if not safe_serialization:
+            raise LMForgeError("save_pretrained() writes safetensors only (safe_serialization=False is not supported)")
+        if format not in ("lmforge", "hf"):
+            raise LMForgeError(f"save_pretrained() format must be 'lmforge' or 'hf', got {format!r}")
+        out = Path(save_directory)
+        if not is_main_process:
+            return out
+        if out.exists() and not out.is_dir():
+            raise LMForgeError(f"cannot save to {out}: it is a file")
+        vocab = self.config.vocab_size  # type: ignore[attr-defined]
+        if tokenizer is not None and tokenizer.vocab_size > vocab:
+            raise LMForgeError(
+                f"cannot save a tokenizer of {tokenizer.vocab_size} tokens with a model of vocab_size {vocab}"
+            )
+        if format == "hf":
+            if state_dict is not None:
+                raise LMForgeError("save_pretrained(format='hf') converts the model itself: state_dict= does not apply")
+            from lmforge.models.hf import export_hf
+
+            return export_hf(self, out, tokenizer)
+        return _save_lmforge(self, out, tokenizer, state_dict)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        **unsupported: Any,
+    ):
+        """The model of a local lmforge run dir, checkpoint dir (`save_pretrained`'s) or Hugging Face model dir, in
+        eval mode as `transformers` returns it (`lmforge.load` without the tokenizer: `Tokenizer.from_pretrained`).
+        dtype: a torch dtype or its name ("bfloat16"); torch_dtype is its `transformers` alias."""
+        if "torch_dtype" in unsupported and dtype is None:
+            dtype = unsupported.pop("torch_dtype")
+        if unsupported:
+            raise _one_line_kwargs("from_pretrained()", unsupported, "path, device, dtype (torch_dtype)")
+        from lmforge.loading import load  # reading checkpoints and HF dirs lives above models/
+
+        path = Path(pretrained_model_name_or_path)
+        if not path.exists():
+            raise LMForgeError(f"{path} does not exist (from_pretrained reads local lmforge and Hugging Face dirs)")
+        model, _ = load(path, device)
+        if not isinstance(model, cls):
+            raise LMForgeError(f"{path} holds a {type(model).__name__}, not a {cls.__name__}")
+        return model if dtype is None else model.to(_dtype(dtype))
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise LMForgeError(f"unknown floating-point dtype {dtype!r} (e.g. float32, bfloat16, float16)")
+    return value
+
+
+def _save_lmforge(model, out: Path, tokenizer, state_dict: dict[str, Tensor] | None) -> Path:
+    """Write a complete checkpoint in a scratch dir beside `out`, then move its files into `out` (the manifest
+    last, so a save cut short leaves no manifest that lists missing files); other files in `out` stay."""
+    from lmforge.train.checkpoint import MANIFEST_FILE, write_checkpoint_dir
+
+    config = {"model": dataclasses.asdict(model.config)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = out.with_name(f".tmp-save-{out.name}-{os.getpid()}")
+    try:
+        write_checkpoint_dir(
+            scratch, state_dict if state_dict is not None else model, config=config, tokenizer=tokenizer
+        )
+        out.mkdir(exist_ok=True)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
+        names = sorted(p.name for p in scratch.iterdir() if p.name != MANIFEST_FILE) + [MANIFEST_FILE]
+        for name in names:
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            os.replace(scratch / name, out / name)
+    except OSError as e:
+        raise LMForgeError(f"could not save to {out}: {e.strerror or e}") from e
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
