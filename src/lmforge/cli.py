@@ -176,6 +176,13 @@ def _convert(args: argparse.Namespace) -> None:
     cmd_convert(args.src, args.out, args.to, merge=args.merge)
 
 
+def _predict(args: argparse.Namespace) -> None:
+    from lmforge.predict_cli import cmd_predict
+
+    cmd_predict(str(args.run), args.text, args.text_pair, args.context, args.input, args.json, args.batch_size,
+                args.device)  # fmt: skip
+
+
 def _scaling(args: argparse.Namespace) -> None:
     from lmforge.experiments.sweep import cmd_scaling
 
@@ -378,6 +385,18 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--merge", action="store_true", help="a LoRA fine-tuned run: fold the LoRA into one HF model dir "
                     "(default: a peft adapter dir + its base model in OUT/base)")  # fmt: skip
     cv.set_defaults(fn=_convert)
+
+    pd = sub.add_parser("predict", help="a fine-tuned run's predictions (labels, tags, answers, text) on new inputs")
+    pd.add_argument("run", type=Path, help="fine-tuned run or checkpoint dir")
+    pd.add_argument("--text", action="append", help="input text (repeatable); span QA: the question")
+    pd.add_argument("--text-pair", action="append", help="second text of a pair task, one per --text")
+    pd.add_argument("--context", help="span QA: the passage the answers come from")
+    pd.add_argument("--input", help="file of inputs: .jsonl (objects with text, text_pair, context, tokens, "
+                    "choices) or one text per line; - reads stdin")  # fmt: skip
+    pd.add_argument("--json", action="store_true", help="print a JSON object per input (with label probabilities)")
+    pd.add_argument("--batch-size", type=int, default=32)
+    pd.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    pd.set_defaults(fn=_predict)
 
     sc = sub.add_parser("scaling", help="pretrain a grid of sizes × token budgets, fit scaling laws, report",
                         epilog_fn=listing_help("scaling", "sweep"))  # fmt: skip

@@ -16,8 +16,9 @@ from lmforge.models import Transformer
 def load(path: str | Path, device: str | torch.device = "cpu"):
     """(model, tokenizer) from a run dir (its best checkpoint when it selects one, else its latest good one), a
     checkpoint dir, or a Hugging Face model dir (config.json + model.safetensors / pytorch_model.bin). A fine-tuned
-    run gives its fine-tuned backbone (a T5 translator, a GPT with the LM head it kept training). The model is in
-    eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads.
+    run gives its fine-tuned backbone (a T5 translator, a GPT with the LM head it kept training), which also
+    predicts with the run's task head: `model.predict(["a fine film"])` → labels, tags, answers or text. The model
+    is in eval mode; the tokenizer is None when the directory holds none that `Tokenizer.load` reads.
 
     A run that is training may rotate its checkpoints while one is read: a read that fails while the run's set of
     checkpoints changed is made again from the newest one."""
@@ -81,12 +82,14 @@ def _load(path: Path, device: str | torch.device):
 
 
 def _finetuned_backbone(c: Path):
-    """The fine-tuned weights of a `lmforge finetune` checkpoint as a plain Transformer (its task head left out; LoRA
-    folded into the weights), with the run's tokenizer (task tokens included)."""
+    """The fine-tuned weights of a `lmforge finetune` checkpoint as a Transformer (LoRA folded into the weights) that
+    also predicts with the run's task head (`model.predict(texts)`, tasks/predictor.py), with the run's tokenizer
+    (task tokens included)."""
     from lmforge.adapt import merge_and_unload
     from lmforge.tasks.backbone import load_finetuned
+    from lmforge.tasks.predictor import FineTunedTransformer
 
-    _, tuned, tokenizer, cfg = load_finetuned(c)
+    task, tuned, tokenizer, cfg = load_finetuned(c)
     backbone = merge_and_unload(tuned.backbone) if cfg.peft.method == "lora" else tuned.backbone
     with torch.device("meta"):
         plain = Transformer(backbone.config).state_dict().keys()
@@ -95,7 +98,7 @@ def _finetuned_backbone(c: Path):
             f"{c}: its {cfg.peft.method} modules live inside the fine-tuned network, so there is no plain model to "
             "load (lmforge eval evaluates the run as it is)"
         )
-    return backbone, tokenizer
+    return FineTunedTransformer.wrap(backbone, task, tuned.head, tuned.fmt), tokenizer
 
 
 def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
