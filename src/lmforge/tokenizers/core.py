@@ -9,6 +9,7 @@ from pathlib import Path
 import tokenizers
 
 from lmforge.errors import LMForgeError
+from lmforge.tokenizers.hf_call import HFTokenizerMixin
 from lmforge.tokenizers.specials import FAMILIES, KINDS, ROLES, SPECS, infer_family, sentinel_token
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -19,8 +20,11 @@ META_VERSION = 1
 _MODEL_KINDS = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram"}
 
 
-class Tokenizer:
-    """Text <-> token ids, with the special-token ids (bos, eos, pad, ...) of the model family it serves."""
+class Tokenizer(HFTokenizerMixin):
+    """Text <-> token ids, with the special-token ids (bos, eos, pad, ...) of the model family it serves; callable
+    as a `transformers` tokenizer (`tok(texts, padding=True, return_tensors="pt")`, tokenizers/hf_call.py)."""
+
+    _FILES = (TOKENIZER_FILE, META_FILE)
 
     def __init__(
         self,
@@ -113,6 +117,15 @@ class Tokenizer:
         if any(i is None for i in ids):
             raise LMForgeError(f"tokenizer has {self.num_sentinels} sentinel tokens (<extra_id_N>), {n} were asked for")
         return ids  # type: ignore[return-value]
+
+    def set_special_token(self, role: str, token: str) -> None:
+        """Give special-token role `role` (pad, eos, ...) to `token`, which must be in the vocabulary."""
+        if role not in ROLES:
+            raise LMForgeError(f"unknown special-token role '{role}' (known: {', '.join(ROLES)})")
+        tid = self._backend.token_to_id(token) if isinstance(token, str) else None
+        if tid is None:
+            raise LMForgeError(f"special token {token!r} ({role}) is not in the tokenizer's vocabulary")
+        self._special_tokens[role], self._ids[role] = token, tid
 
     # ----------------------------------------------------------------- encoding
     def encode(self, text: str) -> list[int]:
