@@ -39,7 +39,8 @@ def test_a_fine_tuned_run_loads_as_its_fine_tuned_backbone(pretrained, tmp_path,
     run = _finetuned(pretrained, tmp_path)
     model, tok = lmforge.load(run)
     _, tuned, tuned_tok, _ = load_finetuned(run)
-    assert type(model) is Transformer and tok.vocab_size == tuned_tok.vocab_size == model.config.vocab_size
+    assert isinstance(model, Transformer) and tok.vocab_size == tuned_tok.vocab_size == model.config.vocab_size
+    assert model.labels == ["negative", "positive"]  # it also predicts with the run's head
     ids = torch.tensor([tok.encode("It is a truth universally acknowledged")])
     assert torch.equal(_logits(model, ids), _logits(tuned.backbone, ids))
     before, _ = lmforge.load(pretrained)
