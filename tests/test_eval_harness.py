@@ -1,5 +1,6 @@
-"""The lm-evaluation-harness model `lmforge`: lm_eval's own entry points on local task YAMLs (tests/fixtures/harness)
-give the per-example log-likelihoods, perplexities and generations of lmforge's scorer and of forwards by hand."""
+"""The lm-evaluation-harness model `lmforge`: lm_eval's own entry points on the task YAMLs lmforge ships
+(lmforge/eval/harness_tasks) give the per-example log-likelihoods, perplexities and generations of lmforge's scorer
+and of forwards by hand."""
 
 import dataclasses
 import importlib.util
@@ -14,11 +15,12 @@ import tasks_testing as T
 import torch
 
 from lmforge.errors import LMForgeError
+from lmforge.eval.harness import TASKS_DIR
 from lmforge.eval.lm import LM
 from lmforge.train.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "harness"
+FIXTURES = TASKS_DIR  # shipped in the package (lmforge/eval/harness_tasks): found from any directory
 needs_lm_eval = pytest.mark.skipif(
     importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install 'lmforge[harness]')"
 )
@@ -44,8 +46,9 @@ def runs(tmp_path_factory):
 
 @pytest.fixture
 def harness_env(monkeypatch, tmp_path):
-    """Run from the repository root (the YAMLs' data_files are relative to it), datasets cached in tmp, offline."""
-    monkeypatch.chdir(ROOT)
+    """Run from elsewhere than the repository (the shipped tasks find their data beside them), datasets cached in
+    tmp, offline."""
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -114,6 +117,44 @@ def test_rolling_and_generation_tasks_give_lmforges_numbers(runs, harness_env):
     want = lm.generate_until([(d["question"], GEN_UNTIL, GEN_TOKENS) for d in docs])
     assert [s["resps"][0][0] for s in gen] == want
     assert any(w for w in want) and all(len(tok.encode(w)) <= GEN_TOKENS for w in want)
+
+
+@needs_lm_eval
+def test_lmforge_eval_harness_runs_lm_evals_command_line_on_a_run_with_the_shipped_tasks(runs, harness_env, tmp_path,
+                                                                                         capsys):  # fmt: skip
+    """`lmforge eval RUN --harness ARGS` is lm_eval's command line with the model `lmforge` (pretrained=RUN) and the
+    shipped tasks on its path; a model given twice is one line."""
+    from lm_eval.api.registry import get_model
+
+    from lmforge.cli import main
+    from lmforge.eval.harness_model import LMForgeLM
+
+    run, model, tok = runs["gpt"]
+    out = tmp_path / "out"
+    args = ["--tasks", "lmforge_mc", "--batch_size", "4", "--device", "cpu", "--output_path", str(out)]
+    assert main(["eval", str(run), "--harness", *args]) == 0
+    assert get_model("lmforge") is LMForgeLM
+    [results] = list(out.rglob("results_*.json"))
+    acc = json.loads(results.read_text())["results"]["lmforge_mc"]["acc,none"]
+    lm, right, docs = LM(model, tok), 0, read_jsonl("mc.jsonl")
+    for d in docs:
+        lls = [lp for lp, _ in lm.loglikelihood([(d["question"], " " + c) for c in d["choices"]])]
+        right += int(max(range(len(lls)), key=lls.__getitem__) == d["answer"])
+    assert acc == pytest.approx(right / len(docs)) and "|lmforge_mc|" in capsys.readouterr().out
+    assert main(["eval", str(run), "--harness", "--model_args", f"pretrained={run}", *args]) == 2
+    assert capsys.readouterr().err == f"error: give the model once: {run} or --model/--model_args, not both\n"
+
+
+def test_the_example_tasks_ship_inside_the_package():
+    """The task YAMLs and their data are package files (pyproject's package-data), not test fixtures."""
+    import tomllib
+
+    names = sorted(p.name for p in TASKS_DIR.iterdir() if p.suffix in (".yaml", ".jsonl", ".py"))
+    assert names == ["lmforge_gen.yaml", "lmforge_mc.yaml", "lmforge_ppl.yaml", "local_data.py", "mc.jsonl",
+                     "text.jsonl"]  # fmt: skip
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lmforge"]
+    assert "eval/harness_tasks/*.yaml" in data and "eval/harness_tasks/*.jsonl" in data
+    assert not (ROOT / "tests" / "fixtures" / "harness").exists()
 
 
 @needs_lm_eval

@@ -57,7 +57,7 @@ def test_the_readme_quickstart_and_python_blocks_run_as_written(tmp_path):
     assert outputs[1].stdout.startswith("It is a truth universally acknowledged")  # generate
     rows = [json.loads(x) for x in (tmp_path / "runs/tiny/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [8, 10, 12]  # resumed at 8 (log_every 10), on to 12
-    assert "train.max_steps: integer > 0 = 1000" in outputs[3].stdout  # pretrain --help
+    assert "train.max_steps: integer > 0 = 2000 (default 1000)" in outputs[3].stdout  # pretrain gpt --help
     assert "name: gpt-tiny" in outputs[4].stdout  # config show
     assert "rotten-tomatoes" in outputs[5].stdout  # data fetch --list
     for i, code in enumerate(blocks("python")):

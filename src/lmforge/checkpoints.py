@@ -21,6 +21,8 @@ MANIFEST_FILE = "manifest.json"
 SHARDS_DIR = "dcp"
 """The torch.distributed.checkpoint directory of a sharded checkpoint (train/dcp.py)."""
 SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
+BEST_DIR = "best"
+"""RUN/best: the checkpoint with the best dev metric of a run that selects one (fine-tuning, alignment)."""
 _STEP_RE = re.compile(r"step_(\d+)")
 
 
@@ -93,6 +95,15 @@ def latest_checkpoint(path: Path) -> Path:
             return ckpt
         print(f"warning: skipping checkpoint {ckpt}: {reason}", file=sys.stderr)
     raise LMForgeError(f"no usable checkpoint in {root}: all {len(ckpts)} failed verification")
+
+
+def model_checkpoint(path: Path) -> Path:
+    """The checkpoint a run's model is read from: RUN/best for runs that select by a dev metric, else what
+    `latest_checkpoint` finds (``path`` itself when it is a checkpoint dir)."""
+    best = Path(path) / BEST_DIR
+    if best.is_dir() and verify_checkpoint(best) is None:
+        return best
+    return latest_checkpoint(path)
 
 
 def read_config(ckpt: Path) -> dict:

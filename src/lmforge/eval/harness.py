@@ -1,11 +1,12 @@
-"""lm-evaluation-harness with lmforge models: `python -m lmforge.eval.harness ARGS` is `lm_eval ARGS` with the
-model `lmforge` registered, e.g.
+"""lm-evaluation-harness with lmforge models: `lmforge eval --harness ARGS` (or `python -m lmforge.eval.harness
+ARGS`) is `lm_eval ARGS` with the model `lmforge` registered and lmforge's example tasks (lmforge_mc, lmforge_gen,
+lmforge_ppl, shipped in lmforge/eval/harness_tasks/) on the task path, e.g.
 
-    python -m lmforge.eval.harness --model lmforge --model_args pretrained=runs/gpt \\
-        --tasks lmforge_mc --include_path tests/fixtures/harness
+    lmforge eval runs/gpt --harness --tasks lmforge_mc
+    lmforge eval --harness --model lmforge --model_args pretrained=runs/gpt --tasks hellaswag
 
-lm_eval finds model classes only in its own registry (there is no plugin discovery), so its own `lm_eval` command
-cannot see `lmforge` unless this module registers it first. From Python: `register()`, then
+lm_eval (0.4.x) finds model classes only in its own registry: it loads no plugins (no entry-point group), so its
+own `lm_eval` command cannot see `lmforge` unless this module registers it first. From Python: `register()`, then
 `lm_eval.simple_evaluate(model="lmforge", model_args="pretrained=RUN", ...)`, or pass
 `LMForgeLM(model=model, tokenizer=tokenizer)` as `model`. Needs `pip install 'lmforge[harness]'`."""
 
@@ -13,10 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 from lmforge.errors import LMForgeError
 
 INSTALL_HINT = "lm-eval is not installed: pip install 'lmforge[harness]'"
+TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
+"""lmforge's example lm-eval tasks (YAML + their JSONL data), on lm_eval's task path unless --include_path is given."""
 
 
 def register() -> type:
@@ -28,22 +32,35 @@ def register() -> type:
     return LMForgeLM
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run lm_eval's command line (the same arguments) with `lmforge` registered."""
+def harness_argv(args: list[str], model: str | None = None) -> list[str]:
+    """lm_eval's arguments for `lmforge eval [MODEL] --harness ARGS`: MODEL (a run, checkpoint or HF dir) as the
+    `lmforge` model, and the shipped tasks' dir as --include_path unless ARGS name one."""
+    given = {a.split("=", 1)[0] for a in args}
+    if model is not None:
+        if given & {"--model", "--model_args"}:
+            raise LMForgeError(f"give the model once: {model} or --model/--model_args, not both")
+        args = ["--model", "lmforge", "--model_args", f"pretrained={model}", *args]
+    if "--include_path" not in given:
+        args = [*args, "--include_path", str(TASKS_DIR)]
+    return args
+
+
+def main(argv: list[str] | None = None, model: str | None = None) -> int:
+    """Run lm_eval's command line (the same arguments) with `lmforge` registered; `model`: a run to evaluate."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    saved = sys.argv
     try:
         register()
-    except LMForgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    from lm_eval.__main__ import cli_evaluate
+        argv = harness_argv(argv, model)
+        from lm_eval.__main__ import cli_evaluate
 
-    sys.argv = ["lm_eval", *argv]  # lm_eval's parser reads sys.argv (and inserts its default `run` command)
-    try:
+        sys.argv = ["lm_eval", *argv]  # lm_eval's parser reads sys.argv (and inserts its default `run` command)
         cli_evaluate()
-    except LMForgeError as e:  # the model could not be loaded or scored: one line, as every lmforge command
+    except LMForgeError as e:  # not installed, or the model could not be loaded or scored: one line
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    finally:
+        sys.argv = saved
     return 0
 
 

@@ -52,6 +52,7 @@ from torch import nn
 # Reading checkpoints lives a floor below (lmforge/checkpoints.py: config's resume rules use it); callers keep
 # reading its names from here too.
 from lmforge.checkpoints import (  # noqa: F401
+    BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -62,6 +63,7 @@ from lmforge.checkpoints import (  # noqa: F401
     _step_of,
     latest_checkpoint,
     list_checkpoints,
+    model_checkpoint,
     read_config,
     verify_checkpoint,
 )
@@ -82,8 +84,6 @@ from lmforge.models.wrappers import unwrap_model
 from lmforge.train.parallel import local, shard_like
 from lmforge.train.rundir import check_lock
 
-BEST_DIR = "best"
-"""RUN/best: the checkpoint with the best dev metric of a run that selects one (fine-tuning, alignment)."""
 TRAIN_STATE_FILE = "train_state.pt"
 _RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE, SHARDS_DIR}
 _TIED_META = "lmforge.tied"  # safetensors metadata: JSON {alias name: stored name}
@@ -392,15 +392,6 @@ def _check_plain_data(obj: Any, where: str) -> None:
             f"{where} has type {type(obj).__name__}, which torch.load(weights_only=True) cannot read; "
             "store tensors and plain Python data only"
         )
-
-
-def model_checkpoint(path: Path) -> Path:
-    """The checkpoint a run's model is read from: RUN/best for runs that select by a dev metric, else what
-    `latest_checkpoint` finds (``path`` itself when it is a checkpoint dir)."""
-    best = Path(path) / BEST_DIR
-    if best.is_dir() and verify_checkpoint(best) is None:
-        return best
-    return latest_checkpoint(path)
 
 
 def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

@@ -111,8 +111,8 @@ def warmup_note(cfg: Config) -> str | None:
 
 
 def apply_init(cfg: Config) -> Path | None:
-    """run.init's checkpoint, with its model config (and tokenizer, unless data.tokenizer is set) put into cfg."""
-    from lmforge.config import model_config_from_dict
+    """run.init's checkpoint, its tokenizer put into cfg unless data.tokenizer is set. The model config is the
+    one `load_config` resolved: run.init's own, with the model.* keys the user gave on top."""
     from lmforge.train import checkpoint as ckpt
 
     if not cfg.run.init:
@@ -121,10 +121,6 @@ def apply_init(cfg: Config) -> Path | None:
     if not path.exists():
         raise LMForgeError(f"run.init: {path} does not exist")
     c = ckpt.model_checkpoint(path)
-    saved = ckpt.read_config(c)
-    if not isinstance(saved.get("model"), dict):
-        raise LMForgeError(f"run.init: {c}/config.yaml has no model section")
-    cfg.model = model_config_from_dict(saved["model"])
     if not cfg.data.tokenizer:
         if not (c / "tokenizer.json").is_file():
             raise LMForgeError(f"run.init: {c} holds no tokenizer.json; pass --data.tokenizer")

@@ -1,0 +1,184 @@
+"""The argument plumbing of `lmforge`'s training commands: a parser whose --help shows the named recipe's resolved
+values (`lmforge pretrain gpt --help`), RECIPE or `--config FILE`, `--print-config`, `--SECTION=value` shorthands
+(`--model=gpt-tiny`), and one-line hints for the flags other trainers use (`--lr`, `--output_dir`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+
+HELP_FLAGS = ("-h", "--help")
+
+SHORTHANDS: dict[str, dict[str, str]] = {
+    "pretrain": {"model": "preset", "objective": "name"},
+    "finetune": {"model": "init", "task": "type", "peft": "method"},
+    "align": {"model": "init"},
+    "compress": {"teacher": "run"},
+}
+SHORTHANDS["experiment"] = SHORTHANDS["scaling"] = SHORTHANDS["pretrain"]  # their overrides go to pretraining arms
+"""Per kind, the sections a bare `--SECTION=value` names a key of: `--model=gpt-tiny` is `--model.preset=gpt-tiny`."""
+OWN_NAMES = {"experiment": {"seeds", "budget", "finetune", "eval"}}
+"""Top-level override names of commands whose overrides are not one config schema."""
+
+
+class _QuietParse(Exception):
+    """A parse error while only looking for the recipe --help should describe."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose epilog is built only when help is shown, from the arguments given beside --help
+    (`epilog_fn(namespace, other_args)`): `lmforge pretrain gpt --model.preset=gpt-tiny --help` lists the values
+    that line resolves to. Listing every key imports the registries, which the other commands need not wait for."""
+
+    def __init__(self, *args, epilog_fn: Callable[[argparse.Namespace | None, list[str]], str] | None = None,
+                 **kwargs) -> None:  # fmt: skip
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+        self._help_args: tuple[argparse.Namespace | None, list[str]] = (None, [])
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.epilog_fn is not None and args is not None and _asks_help(list(args)):
+            rest = [a for a in args if a not in HELP_FLAGS]
+            self._help_args = self._parse_quietly(rest)
+        return super().parse_known_args(args, namespace)
+
+    def _parse_quietly(self, args: list[str]) -> tuple[argparse.Namespace | None, list[str]]:
+        def fail(message: str):
+            raise _QuietParse(message)
+
+        error, self.error = self.error, fail  # type: ignore[method-assign]
+        try:
+            return super().parse_known_args(args, argparse.Namespace())
+        except _QuietParse:
+            return None, []
+        finally:
+            self.error = error  # type: ignore[method-assign]
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn(*self._help_args)
+        return super().format_help()
+
+
+def _asks_help(args: list[str]) -> bool:
+    head = args[: args.index("--")] if "--" in args else args
+    return any(a in HELP_FLAGS for a in head)
+
+
+def add_recipe_args(p: argparse.ArgumentParser, kind: str, what: str, method: str | None = None) -> None:
+    """RECIPE, --config FILE and --print-config of a training command of `kind` (an align `method`)."""
+    p.add_argument("recipe", nargs="?", help=what)
+    p.add_argument("--config", dest="config_file", metavar="FILE", help="the recipe file (the same as RECIPE)")
+    p.add_argument(
+        "--print-config", action="store_true",
+        help="print the resolved config (as `lmforge config show` does) and run nothing",
+    )  # fmt: skip
+    p.set_defaults(kind=kind, method=method)
+
+
+def recipe_of(args: argparse.Namespace, field: str = "recipe") -> str | None:
+    """The recipe a command line names: RECIPE or --config FILE, not both."""
+    given, file = getattr(args, field, None), getattr(args, "config_file", None)
+    if given is not None and file is not None:
+        raise LMForgeError(f"give the recipe once: {given} or --config {file}, not both")
+    return file if file is not None else given
+
+
+def recipe_help(kind: str, method: str | None = None) -> Callable[[argparse.Namespace | None, list[str]], str]:
+    """The --help epilog of a training command: the recipes, or the named one, and every key with its value."""
+
+    def build(ns: argparse.Namespace | None, extra: list[str]) -> str:
+        from lmforge import confighelp
+
+        recipe = recipe_of(ns) if ns is not None else None
+        init = getattr(ns, "init", None)
+        overrides = check_overrides(kind, extra)
+        if kind == "pretrain":
+            return confighelp.pretrain_help(recipe, overrides)
+        if kind == "finetune":
+            return confighelp.finetune_help(recipe, overrides, init)
+        return confighelp.schema_help(kind, schema_of(kind), recipe, overrides, init, method)
+
+    return build
+
+
+def listing_help(kind: str, field: str) -> Callable[[argparse.Namespace | None, list[str]], str]:
+    """The --help epilog of `experiment` / `scaling`: the bundled files, or the named one's description."""
+
+    def build(ns: argparse.Namespace | None, extra: list[str]) -> str:
+        from lmforge.confighelp import listing_help as text
+
+        return text(kind, recipe_of(ns, field) if ns is not None else None)
+
+    return build
+
+
+def schema_of(kind: str) -> type:
+    """The config dataclass of a run kind."""
+    if kind == "pretrain":
+        from lmforge.config import Config as schema
+    elif kind == "finetune":
+        from lmforge.tasks.config import FinetuneConfig as schema
+    elif kind == "align":
+        from lmforge.align.config import AlignConfig as schema
+    else:
+        from lmforge.config import Config
+
+        if kind != "compress":
+            return Config
+        from lmforge.compress.config import CompressConfig as schema
+    return schema
+
+
+def check_overrides(kind: str, overrides: list[str]) -> list[str]:
+    """The overrides of a command of `kind` with `--SECTION=value` shorthands spelled out; a bare section with no
+    shorthand, or a flag of another trainer (`--lr`), is refused in one line saying what lmforge calls it."""
+    from lmforge.flag_hints import foreign_hint
+
+    out: list[str] = []
+    for arg in overrides:
+        key, sep, value = arg[2:].partition("=") if arg.startswith("--") and arg != "--" else ("", "", "")
+        if not key or "." in key:
+            out.append(arg)
+            continue
+        schema = schema_of(kind)
+        top = {f.name for f in dataclasses.fields(schema)}
+        if key not in top and key not in OWN_NAMES.get(kind, ()) and foreign_hint(arg):
+            raise LMForgeError(str(foreign_hint(arg)))
+        section = _field_type(schema, key) if key in top else None
+        if section is None or not dataclasses.is_dataclass(section):
+            out.append(arg)
+            continue
+        sub = SHORTHANDS.get(kind, {}).get(key)
+        if sub is not None and sep and value:
+            out.append(f"--{key}.{sub}={value}")
+            continue
+        fields = [f.name for f in dataclasses.fields(section)]
+        example = f"--{key}.{sub or fields[0]}=…"
+        got = f"--{key}={value}" if sep else f"--{key}"
+        raise LMForgeError(f"{got}: {key} is a section of keys ({', '.join(fields[:4])}, …): set one, e.g. {example}")
+    return out
+
+
+def check_spaced_values(args: list[str], kind: str) -> None:
+    """Refuse `--train.lr 3e-4` (a value after a space is taken for the recipe, or left over) in one line; a
+    switch before a recipe (`--train.compile gpt`) stays."""
+    from lmforge.config import RECIPES_DIR
+
+    for flag, value in zip(args, args[1:]):
+        if not flag.startswith("--") or "." not in flag or "=" in flag or value.startswith("-"):
+            continue
+        folder = RECIPES_DIR / ("experiments" if kind == "experiment" else kind)
+        if not (folder / f"{value}.yaml").is_file() and not Path(value).exists():
+            raise LMForgeError(f"{flag} {value}: an override takes its value after '=': {flag}={value}")
+
+
+def _field_type(schema: type, name: str) -> type:
+    from lmforge.config import field_types
+
+    return field_types(schema)[name]
