@@ -110,5 +110,7 @@ class LoopConfig:
     spike_window: PosInt = 100
     prefetch: NonNegInt = 2
     """Batches built ahead of the step in a background thread, in pinned memory (0 = build each in the step)."""
-    log_to: list[Literal["tensorboard"]] = field(default_factory=list)
-    """Extra metric sinks beside metrics.jsonl: tensorboard (needs the `tensorboard` package: lmforge[tensorboard])."""
+    log_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
+    """Extra metric sinks beside metrics.jsonl, each lmforge's extra of the same name: tensorboard (RUN/tensorboard),
+    wandb (W&B's WANDB_* settings; WANDB_MODE=offline works without an account), mlflow (MLFLOW_TRACKING_URI, else
+    RUN/mlruns)."""

@@ -34,6 +34,7 @@ from lmforge.train.prefetch import BatchSource
 from lmforge.train.resume import resume_checkpoint
 from lmforge.train.rundir import lock_run_dir
 from lmforge.train.setup import autocast_for, pick_device, seed_everything
+from lmforge.train.sinks import check_sinks
 
 
 def _split(items: list, dev: list | None) -> tuple[list, list]:
@@ -100,6 +101,7 @@ class Run:
     resumable checkpoints (the last one is the run's model: `lmforge.load(RUN)`) and eval.json."""
 
     def __init__(self, cfg: AlignConfig, resume: bool = False) -> None:
+        check_sinks(cfg.train.log_to)  # a missing package is refused before any work
         self.cfg, self.dir, self.resume = cfg, Path(cfg.run.dir), resume
         self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
         self.device = pick_device(cfg.train.device, self.dist)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lmforge.errors import LMForgeError
+from lmforge.extras import require
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
@@ -279,8 +280,8 @@ class DocumentStream(Iterator[str]):
                 yield row[col]
 
     def _parquet(self, path: Path) -> Iterator[str]:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        pa = require("pyarrow", "reading Parquet files")
+        pq = require("pyarrow.parquet", "reading Parquet files")
 
         try:
             pf = pq.ParquetFile(path)

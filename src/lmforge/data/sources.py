@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
+from lmforge.extras import require
 
 Record = dict[str, str]
 
@@ -44,8 +45,8 @@ def normalize_text(text: str) -> str:
 
 def read_r_lazyload(stem: Path) -> dict[str, object]:
     """Read every object of an R lazy-load database (``stem.rdx`` index + ``stem.rdb`` blobs)."""
-    import rdata
-    from rdata.conversion import convert
+    rdata = require("rdata", "reading R data packages")
+    convert = require("rdata.conversion", "reading R data packages").convert
 
     index = rdata.read_rds(stem.with_suffix(".rdx"))
     if not bool(index["compressed"][0]):

@@ -4,7 +4,8 @@ Every score is a fraction: accuracy, F1, exact match and ROUGE in [0, 1], correl
 [0, 1] (sacreBLEU's 27.3 is 0.273 here); reports multiply by 100. Perplexity is exp(mean NLL).
 The heavy lifting is done by the reference implementations: scikit-learn (F1, MCC), scipy (Pearson,
 Spearman), `rouge-score` (ROUGE, Lin 2004, as Google's reference) and `sacrebleu` (BLEU, Papineni et al. 2002,
-with sacreBLEU's standard 13a tokenisation). SQuAD EM/F1 follow the official v1.1/v2.0 evaluation script.
+with sacreBLEU's standard 13a tokenisation), each imported where it is used: they are lmforge's `eval` extra, and
+accuracy, SQuAD and perplexity need none of them. SQuAD EM/F1 follow the official v1.1/v2.0 evaluation script.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Literal
 
 from lmforge.errors import LMForgeError
+from lmforge.extras import require
 
 
 def _check(name: str, preds: Sequence, refs: Sequence) -> None:
@@ -44,7 +46,7 @@ def f1(
 ) -> float:
     """F1: of the class `pos_label` ("binary"), or the unweighted mean over classes ("macro"; over `labels`
     when given, else over the classes that occur). A class never predicted nor present scores 0."""
-    from sklearn.metrics import f1_score
+    f1_score = require("sklearn.metrics", "F1").f1_score
 
     _check("f1", preds, refs)
     if average == "binary":
@@ -68,7 +70,7 @@ def macro_f1(preds: Sequence[Hashable], refs: Sequence[Hashable]) -> float:
 
 def matthews(preds: Sequence[Hashable], refs: Sequence[Hashable]) -> float:
     """Matthews correlation coefficient (CoLA's metric); 0 when a side is constant."""
-    from sklearn.metrics import matthews_corrcoef
+    matthews_corrcoef = require("sklearn.metrics", "MCC").matthews_corrcoef
 
     _check("matthews", preds, refs)
     return float(matthews_corrcoef(list(refs), list(preds)))
@@ -80,7 +82,7 @@ def _constant(xs: Sequence[float]) -> bool:
 
 def pearson(preds: Sequence[float], refs: Sequence[float]) -> float:
     """Pearson correlation; 0 when a side is constant (no linear association is measurable)."""
-    from scipy.stats import pearsonr
+    pearsonr = require("scipy.stats", "Pearson correlation").pearsonr
 
     _check("pearson", preds, refs)
     if len(preds) < 2 or _constant(preds) or _constant(refs):
@@ -90,7 +92,7 @@ def pearson(preds: Sequence[float], refs: Sequence[float]) -> float:
 
 def spearman(preds: Sequence[float], refs: Sequence[float]) -> float:
     """Spearman rank correlation (ties get average ranks); 0 when a side is constant."""
-    from scipy.stats import spearmanr
+    spearmanr = require("scipy.stats", "Spearman correlation").spearmanr
 
     _check("spearman", preds, refs)
     if len(preds) < 2 or _constant(preds) or _constant(refs):
@@ -162,7 +164,7 @@ def rouge(
 ) -> dict[str, float]:
     """Mean ROUGE F-measure per type (rouge1, rouge2, rougeL, rougeLsum); with several references per
     prediction the best-scoring one counts. Porter stemming on by default, as in most summarisation papers."""
-    from rouge_score import rouge_scorer
+    rouge_scorer = require("rouge_score.rouge_scorer", "ROUGE")
 
     _check("rouge", preds, refs)
     scorer = rouge_scorer.RougeScorer(list(types), use_stemmer=use_stemmer)
@@ -177,7 +179,7 @@ def rouge(
 def bleu(preds: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], tokenize: str = "13a") -> float:
     """Corpus BLEU (sacreBLEU, 4-grams, brevity penalty) as a fraction. Every prediction needs the same number of
     references."""
-    import sacrebleu
+    sacrebleu = require("sacrebleu", "BLEU")
 
     _check("bleu", preds, refs)
     ref_lists = _ref_lists("bleu", refs)

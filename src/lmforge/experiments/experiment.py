@@ -55,6 +55,7 @@ def cmd_experiment(
     Failed runs are reported after the table is written."""
     from lmforge.experiments.results import summary_json, write_report
     from lmforge.experiments.runner import arm_command, check_all_finished, run_arms
+    from lmforge.extras import check
     from lmforge.train.rundir import RunLock
 
     exp = load_experiment(path, overrides, out)
@@ -70,6 +71,7 @@ def cmd_experiment(
             if first is not None:
                 print(" ".join(arm_command(first)))
         return {}
+    check("an experiment's figures", "matplotlib")  # now, not after the runs
     lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir
     lock.acquire()
     try:

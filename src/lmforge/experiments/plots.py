@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from lmforge.experiments.scaling import LossSurface, PowerLaw
+from lmforge.extras import require
+
+WHAT = "an experiment's figures"
 
 
 def scaling_figure(
@@ -23,8 +26,8 @@ def scaling_figure(
     budgets: Sequence[float] = (),
 ):
     """A 3-panel Figure of the sweep (see the module docstring); `surface`/`compute_law` None: points only."""
+    Figure = require("matplotlib.figure", WHAT).Figure
     from matplotlib import colormaps
-    from matplotlib.figure import Figure
 
     N, D, L, C = (np.asarray(x, dtype=np.float64) for x in (N, D, L, C))
     fig = Figure(figsize=(16, 4.8), dpi=100)
@@ -83,8 +86,8 @@ def _axes(ax, xlabel: str, ylabel: str, title: str) -> None:
 def loss_figure(results: list, x: str = "tokens"):
     """Training and validation loss of each pretraining arm against training tokens (or FLOPs, x="flops"): the
     mean over the arm's seeds at each logged step, the seeds' range shaded. None when nothing was logged."""
+    Figure = require("matplotlib.figure", WHAT).Figure
     from matplotlib import colormaps
-    from matplotlib.figure import Figure
 
     from lmforge.train.metrics import read_metrics
 
@@ -133,7 +136,7 @@ def _across_seeds(logs: list[list[dict]], key: str) -> tuple[list[int], list[flo
 def metrics_figure(rows: list, columns: list[str]):
     """One horizontal bar chart per metric column: each arm's mean, its standard deviation as an error bar and
     each run's value as a dot. None when no column has values."""
-    from matplotlib.figure import Figure
+    Figure = require("matplotlib.figure", WHAT).Figure
 
     columns = [c for c in columns if any(r.cells.get(c) for r in rows)]
     if not columns:

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 
 from lmforge.errors import LMForgeError
+from lmforge.extras import require
 
 HUBER_DELTA = 1e-3
 BOUNDS = [(-30.0, 100.0)] * 3 + [(0.0, 5.0)] * 2
@@ -137,7 +137,8 @@ def fit_loss_surface(
     extra_starts: Sequence[Sequence[float]] = (),
 ) -> LossSurface:
     """Chinchilla approach 3 (see the module docstring). `extra_starts`: more (a, b, e, α, β) initialisations."""
-    from threadpoolctl import threadpool_limits
+    minimize = require("scipy.optimize", "the scaling-law fit").minimize
+    threadpool_limits = require("threadpoolctl", "the scaling-law fit").threadpool_limits
 
     logN, logD, logL = _check_points(N, D, L)
     order = np.argsort(_grid_objectives(logN, logD, logL, delta), kind="stable")

@@ -198,6 +198,7 @@ def cmd_scaling(
     plots/scaling.png. Returns the analysis."""
     from lmforge.experiments.runner import arm_command
     from lmforge.experiments.tables import markdown_table, si
+    from lmforge.extras import check
     from lmforge.train.rundir import RunLock
 
     sweep = load_sweep(path, overrides, out)
@@ -206,6 +207,7 @@ def cmd_scaling(
         rows = [[a.name, si(a.info["N_non_embedding"]), si(a.info["D"]), a.max_steps] for a in arms]
         print(markdown_table(["arm", "N", "D", "steps"], rows) + "\n" + " ".join(arm_command(arms[-1])))
         return {}
+    check("a scaling sweep's fit and figure", "scipy", "threadpoolctl", "matplotlib")  # now, not after the arms
     lock = RunLock(sweep.out, "sweep dir", "--out")  # one runner per sweep dir
     lock.acquire()
     try:

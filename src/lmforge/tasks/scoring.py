@@ -5,25 +5,27 @@ Classification predictions and references are label indices; binary F1 scores la
 
 from __future__ import annotations
 
+from lmforge import extras
 from lmforge.errors import LMForgeError
 
 SINGLE = ("accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman")
 ROUGE = ("rouge1", "rouge2", "rougeL")
 NAMES = (*SINGLE, *ROUGE, "bleu")
-PACKAGES = {**dict.fromkeys(ROUGE, ("rouge_score", "rouge-score")), "bleu": ("sacrebleu", "sacrebleu")}
-"""Metric → (module, the package that installs it), for the metrics computed by a library."""
+MODULES = {
+    **dict.fromkeys(("f1", "macro_f1", "mcc"), "sklearn"),
+    **dict.fromkeys(("pearson", "spearman"), "scipy"),
+    **dict.fromkeys(ROUGE, "rouge_score"),
+    "bleu": "sacrebleu",
+}
+"""Metric → the module that computes it, for the metrics computed by a library (lmforge's `eval` extra);
+accuracy needs none."""
 
 
 def require_metric_packages(names: list[str]) -> None:
     """One line naming the missing package when a metric's library is not installed (checked before training)."""
-    from importlib.util import find_spec
-
     for name in names:
-        module, package = PACKAGES.get(name, (None, None))
-        if module and find_spec(module) is None:
-            raise LMForgeError(
-                f"metric '{name}' needs the {package} package, which is not installed: pip install {package}"
-            )
+        if name in MODULES and not extras.available(MODULES[name]):
+            raise LMForgeError(extras.hint(MODULES[name], f"metric '{name}'"))
 
 
 def score(names: list[str], preds: list, golds: list) -> dict[str, float]:

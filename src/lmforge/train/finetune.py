@@ -35,6 +35,7 @@ from lmforge.train.prefetch import Batch
 from lmforge.train.resume import resume_checkpoint
 from lmforge.train.rundir import lock_run_dir
 from lmforge.train.setup import pick_device, seed_everything
+from lmforge.train.sinks import check_sinks
 
 FROZEN = ("model", "task", "data", "peft")
 """Sections a resumed fine-tuning run may not change."""
@@ -82,6 +83,7 @@ class FineTuner:
     """Builds a fine-tuning run from a FinetuneConfig and trains it: `FineTuner(cfg).fit()` → best dev metrics."""
 
     def __init__(self, cfg: FinetuneConfig, resume: bool = False) -> None:
+        check_sinks(cfg.train.log_to)  # a missing package is refused before any work
         self.cfg, self.run_dir = cfg, Path(cfg.run.dir)
         self.tested: dict[str, float] | None = None  # the test split's metrics, set by finish()
         self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")

@@ -20,11 +20,13 @@ from typing import Any, TextIO
 import torch
 
 from lmforge.errors import LMForgeError
+from lmforge.extras import available, hint
 from lmforge.files import append_text, refuse_link, write_atomic
 from lmforge.models.flops import flops_per_token  # noqa: F401  (the trainer's MFU count; one definition)
+from lmforge.progress import status
+from lmforge.train.sinks import TENSORBOARD_DIR, open_sinks  # noqa: F401  (TENSORBOARD_DIR: where it was)
 
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 PLOTS_DIR = "plots"
 _SIGNIFICANT_DIGITS = 6
 
@@ -59,7 +61,7 @@ class MetricsLogger:
         if self.path.exists():
             self._rewrite_kept(resume_step)
         self._file: TextIO | None = append_text(self.path)
-        self._tb = tensorboard_writer(Path(run_dir) / TENSORBOARD_DIR, resume_step) if "tensorboard" in sinks else None
+        self._sinks = open_sinks(list(sinks), Path(run_dir), resume_step)
 
     def _rewrite_kept(self, resume_step: int | None) -> None:
         """Drop a torn last line (a crash mid-write) and, when resuming, lines after ``resume_step``."""
@@ -79,36 +81,28 @@ class MetricsLogger:
         record = {"step": int(step)} | {k: _clean_value(k, v) for k, v in values.items()}
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, int(step))
-            self._tb.flush()
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars.pop("step")
+        for sink in list(self._sinks):
+            try:
+                sink.log(int(step), scalars)
+            except Exception as e:  # noqa: BLE001 — a tracking server's hiccup must not stop the training
+                self._sinks.remove(sink)
+                print(f"warning: stopped logging to {type(sink).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            sink.close()
 
     def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def tensorboard_writer(log_dir: Path, resume_step: int | None = None):
-    """A TensorBoard SummaryWriter (events after `resume_step` from an earlier attempt are purged)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise LMForgeError(
-            "train.log_to=tensorboard needs the tensorboard package: pip install 'lmforge[tensorboard]'"
-        ) from None
-    return SummaryWriter(str(log_dir), purge_step=resume_step or None)
 
 
 def _after(line: str, step: int) -> bool:
@@ -152,8 +146,12 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
 def plot_metrics(run_dir: Path) -> list[Path]:
     """Write ``plots/loss.png`` (train and validation loss vs step) and ``plots/lr.png`` when logged.
 
-    Returns the files written; empty when the log holds nothing to plot.
+    Returns the files written; empty when the log holds nothing to plot, or when matplotlib (lmforge's `plot`
+    extra) is not installed: a run without it says so in one line and is otherwise complete.
     """
+    if not available("matplotlib"):
+        status("note: " + hint("matplotlib", "plots/loss.png"))
+        return []
     # Figure without pyplot: no global backend switch, no GUI, safe in threads and headless jobs.
     from matplotlib.figure import Figure
 

@@ -12,7 +12,6 @@ import torch
 
 from lmforge.config import Config, to_dict
 from lmforge.data.loader import take_rows
-from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
 from lmforge.progress import status
@@ -35,6 +34,7 @@ from lmforge.train.setup import (
     seed_everything,
     warmup_note,
 )
+from lmforge.train.sinks import check_sinks
 
 
 class ObjectiveBatches:
@@ -76,8 +76,7 @@ class Pretraining:
 
     def _build(self, resume: bool, callbacks: Callbacks | None) -> None:
         cfg, d = self.cfg, self.dist
-        if "tensorboard" in cfg.train.log_to:
-            _require_tensorboard()  # now, before any work
+        check_sinks(cfg.train.log_to)  # now, before any work
         # Each rank draws its own random numbers (noise, dropout); rank 0 keeps run.seed (a one-process run's
         # stream) and DDP gives every rank rank 0's initial weights.
         seed_everything(rank_seed(cfg.run.seed, d.rank))
@@ -176,12 +175,3 @@ class Pretraining:
                 self.log.close()
             self.lock.release()
             cleanup(self.dist)
-
-
-def _require_tensorboard() -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise LMForgeError(
-            "train.log_to=tensorboard needs the tensorboard package: pip install 'lmforge[tensorboard]'"
-        ) from None

@@ -177,7 +177,9 @@ def export_hf(model: nn.Module, out_dir: str | Path, tokenizer=None) -> Path:
 
 def to_hf_model(model: nn.Module):
     """The equivalent `transformers` model with identical weights, loaded through an exported dir (eval mode)."""
-    import transformers
+    from lmforge.extras import require
+
+    transformers = require("transformers", "to_hf_model")
 
     conv, _, _ = hf_state_and_config(model)
     auto = getattr(transformers, conv.auto_class(model.config))

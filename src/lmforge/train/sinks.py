@@ -1,0 +1,179 @@
+"""Metric sinks beside RUN/metrics.jsonl (`train.log_to`): TensorBoard, Weights & Biases and MLflow.
+
+Each is an optional dependency (lmforge's extras of the same name), imported only when a run asks for it; a
+missing one is refused with one line before any work (`check_sinks`). A sink gets every record that metrics.jsonl
+gets, numbers only, with the record's step.
+
+- tensorboard: event files in RUN/tensorboard/ (`tensorboard --logdir RUN/tensorboard`); a resumed run purges the
+  events logged after its checkpoint.
+- wandb: one W&B run per run dir (its id kept in RUN/wandb-run-id, so a resumed run continues it), named after the
+  run dir, with the resolved config.yaml as its config; W&B's files in RUN/wandb/. W&B's own settings apply:
+  WANDB_PROJECT (default "lmforge"), WANDB_ENTITY, WANDB_MODE=offline (then `wandb sync RUN/wandb/offline-run-*`).
+  Records are plotted against the lmforge step (the `step` metric), so a resumed run's repeated steps are kept.
+- mlflow: one MLflow run per run dir (its id kept in RUN/mlflow-run-id), the config.yaml's values as parameters and
+  the file as an artifact, in experiment MLFLOW_EXPERIMENT_NAME (default "lmforge") of MLFLOW_TRACKING_URI
+  (a server, a database); without that variable, in a file store RUN/mlruns (`mlflow ui --backend-store-uri
+  RUN/mlruns`). MLflow keeps every logged point, so steps repeated after a resume appear twice in its history.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from lmforge.errors import LMForgeError
+from lmforge.extras import check, require
+from lmforge.files import write_atomic
+
+TENSORBOARD_DIR = "tensorboard"
+WANDB_ID_FILE = "wandb-run-id"
+MLFLOW_ID_FILE = "mlflow-run-id"
+MLFLOW_DIR = "mlruns"
+MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""Sink name → the module it needs (lmforge's extra of the same name)."""
+
+
+class Sink(Protocol):
+    def log(self, step: int, values: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def check_sinks(names: list[str] | tuple[str, ...]) -> None:
+    """Refuse, in one line, a sink that is unknown or whose package is not installed (called before any work)."""
+    for name in names:
+        if name not in MODULES:
+            raise LMForgeError(f"train.log_to: unknown sink '{name}' (known: {', '.join(MODULES)})")
+        check(f"train.log_to={name}", MODULES[name])
+
+
+def open_sinks(names: list[str] | tuple[str, ...], run_dir: Path, resume_step: int | None = None) -> list[Sink]:
+    """The sinks named, opened for `run_dir` (a resumed run continues where its checkpoint was)."""
+    check_sinks(names)
+    opened: list[Sink] = []
+    try:
+        for name in dict.fromkeys(names):  # each once
+            opened.append(_OPEN[name](Path(run_dir), resume_step))
+    except BaseException:
+        for sink in opened:
+            sink.close()
+        raise
+    return opened
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config (RUN/config.yaml), {} when it is not written (yet)."""
+    path = run_dir / "config.yaml"
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _saved_id(path: Path, resume_step: int | None) -> str | None:
+    """The sink's run id written by an earlier attempt of this run, when this one resumes it."""
+    if resume_step is None or not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
+class TensorBoardSink:
+    """TensorBoard event files in RUN/tensorboard (events after `resume_step` from an earlier attempt are purged)."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+        check("train.log_to=tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resume_step or None)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """A Weights & Biases run (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+        wandb = require("wandb", "train.log_to=wandb")
+        id_file = run_dir / WANDB_ID_FILE
+        run_id = _saved_id(id_file, resume_step)
+        (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        try:
+            self.run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "lmforge"), name=run_dir.resolve().name, dir=str(run_dir),
+                config=_run_config(run_dir), id=run_id, resume="allow" if run_id else None,
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 — W&B raises its own types for a missing login, a refused server, ...
+            raise LMForgeError(f"train.log_to=wandb: W&B could not start a run: {str(e).splitlines()[0]}") from None
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+        write_atomic(id_file, self.run.id + "\n")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({"step": step, **values})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowSink:
+    """An MLflow run (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+        tracking = require("mlflow.tracking", "train.log_to=mlflow")
+        self.entities = require("mlflow.entities", "train.log_to=mlflow")
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / MLFLOW_DIR).resolve().as_uri()
+        if uri.startswith("file:"):  # MLflow 3 refuses its file store unless this is set; it is ours to choose
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        id_file = run_dir / MLFLOW_ID_FILE
+        try:
+            self.client = tracking.MlflowClient(uri)
+            self.run_id = _saved_id(id_file, resume_step) or self._new_run(run_dir)
+            if resume_step is not None:
+                self.client.update_run(self.run_id, status="RUNNING")
+        except Exception as e:  # noqa: BLE001 — MLflow raises its own types for a refused server, a bad URI, ...
+            raise LMForgeError(f"train.log_to=mlflow: MLflow could not start a run: {str(e).splitlines()[0]}") from None
+        write_atomic(id_file, self.run_id + "\n")
+
+    def _new_run(self, run_dir: Path) -> str:
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lmforge")
+        exp = self.client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        run_id = self.client.create_run(exp_id, run_name=run_dir.resolve().name).info.run_id
+        params = [self.entities.Param(k, str(v)[:500]) for k, v in _flatten(_run_config(run_dir)).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
+            self.client.log_batch(run_id, params=params[i : i + 100])
+        if (run_dir / "config.yaml").is_file():
+            self.client.log_artifact(run_id, str(run_dir / "config.yaml"))
+        return run_id
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        metrics = [self.entities.Metric(k, float(v), now, step) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+_OPEN = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "mlflow": MlflowSink}
