@@ -15,6 +15,13 @@ from lmforge.tokenizers import Tokenizer
 from lmforge.tokenizers.cli import cmd_encode, cmd_train
 
 
+@pytest.fixture(autouse=True)
+def tokenizer_cache(tmp_path: Path, monkeypatch) -> Path:
+    """Each test its own tokenizer cache (`cmd_train` caches what it trains)."""
+    monkeypatch.setenv("LMFORGE_TOKENIZER_CACHE", str(tmp_path / "tokenizer-cache"))
+    return tmp_path / "tokenizer-cache"
+
+
 @pytest.fixture
 def corpus_files(tmp_path: Path) -> list[Path]:
     """A .txt file with one invalid UTF-8 byte, and a .jsonl file with a "text" field per line."""
@@ -38,6 +45,7 @@ def test_cmd_train_writes_tokenizer_and_summary(corpus_files: list[Path], tmp_pa
         "vocab_size": 400,
         "files": 2,
         "chars": chars,
+        "trained_on_chars": chars,
         "special_tokens": {
             "bos": "<s>",
             "eos": "</s>",
@@ -189,3 +197,24 @@ def test_cmd_encode_takes_a_run_dir(saved: Path, tmp_path: Path) -> None:
 def _write_bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+def test_cmd_train_samples_unigram_text_and_reuses_the_cached_tokenizer(
+    tmp_path: Path, tokenizer_cache: Path, capsys
+) -> None:
+    """A unigram tokenizer trains on a bounded sample (recorded with it); a second run with the same text and
+    settings loads the cached one instead of training again, and a change of settings trains anew."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"{p} ({i})" for i in range(12) for p in (GETTYSBURG, DICKENS, AUSTEN, MELVILLE)))
+    first = cmd_train([corpus], tmp_path / "a", "unigram", 150, sample_chars=12000)
+    assert first["chars"] > 4 * 12000 and 8000 < first["trained_on_chars"] <= 12000
+    training = json.loads((tmp_path / "a" / "lmforge_tokenizer.json").read_text())["training"]
+    assert training["sampled"] and training["sample_chars"] == 12000
+    assert training["trainer"] == {"shrinking_factor": 0.75, "n_sub_iterations": 2, "max_piece_length": 16}
+    assert len(list(tokenizer_cache.iterdir())) == 1
+    capsys.readouterr()
+    cmd_train([corpus], tmp_path / "b", "unigram", 150, sample_chars=12000)
+    assert "reusing the unigram tokenizer of 150 tokens" in capsys.readouterr().err
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
+    cmd_train([corpus], tmp_path / "c", "unigram", 150, sample_chars=13000)
+    assert "reusing" not in capsys.readouterr().err and len(list(tokenizer_cache.iterdir())) == 2

@@ -160,34 +160,44 @@ class NearDuplicateIndex:
         return True
 
 
+class Cleaner:
+    """The cleaning rules applied one document at a time (streaming): `clean(doc)` is the cleaned text, or None when
+    a rule removes the document; `counts` holds removals per rule and docs_in / docs_out. Remembers a hash and a
+    MinHash signature of each kept document (for the duplicate rules), not the documents."""
+
+    def __init__(self, cfg: CleanConfig | None = None) -> None:
+        self.cfg = cfg or CleanConfig()
+        self.counts = dict.fromkeys(RULES, 0) | {"docs_in": 0, "docs_out": 0}
+        self.seen: set[bytes] = set()
+        self.near = NearDuplicateIndex(self.cfg)
+
+    def clean(self, doc: str) -> str | None:
+        counts = self.counts
+        counts["docs_in"] += 1
+        if "lorem ipsum" in doc.lower():
+            counts["docs_lorem_ipsum"] += 1
+            return None
+        text = clean_lines(doc, self.cfg, counts)
+        if count_sentences(text) < self.cfg.min_sentences:
+            counts["docs_too_few_sentences"] += 1
+            return None
+        digest = hashlib.blake2b(" ".join(text.split()).encode(), digest_size=16).digest()
+        if digest in self.seen:
+            counts["docs_exact_duplicate"] += 1
+            return None
+        self.seen.add(digest)
+        if not self.near.add_if_new(text):
+            counts["docs_near_duplicate"] += 1
+            return None
+        counts["docs_out"] += 1
+        return text
+
+
 def clean_documents(docs: Iterable[str], cfg: CleanConfig | None = None) -> tuple[list[str], dict[str, int]]:
     """Clean ``docs`` with the C4 rules and deduplicate; return (kept docs, removals per rule).
 
     The counts also hold ``docs_in`` and ``docs_out``.
     """
-    cfg = cfg or CleanConfig()
-    counts = dict.fromkeys(RULES, 0)
-    seen: set[bytes] = set()
-    near = NearDuplicateIndex(cfg)
-    kept: list[str] = []
-    n_in = 0
-    for doc in docs:
-        n_in += 1
-        if "lorem ipsum" in doc.lower():
-            counts["docs_lorem_ipsum"] += 1
-            continue
-        text = clean_lines(doc, cfg, counts)
-        if count_sentences(text) < cfg.min_sentences:
-            counts["docs_too_few_sentences"] += 1
-            continue
-        digest = hashlib.blake2b(" ".join(text.split()).encode(), digest_size=16).digest()
-        if digest in seen:
-            counts["docs_exact_duplicate"] += 1
-            continue
-        seen.add(digest)
-        if not near.add_if_new(text):
-            counts["docs_near_duplicate"] += 1
-            continue
-        kept.append(text)
-    counts["docs_in"], counts["docs_out"] = n_in, len(kept)
-    return kept, counts
+    cleaner = Cleaner(cfg)
+    kept = [text for text in map(cleaner.clean, docs) if text is not None]
+    return kept, cleaner.counts

@@ -25,7 +25,7 @@ def format_summary(out: Path, meta: dict) -> str:
 
 
 def cmd_prepare(
-    inputs: list[Path],
+    inputs: list,
     out: Path,
     tokenizer_spec: str,
     val_fraction: float,
@@ -33,14 +33,15 @@ def cmd_prepare(
     text_field: str = "text",
     seed: int = 0,
 ) -> dict:
-    """Tokenize ``inputs`` (none: the bundled corpus) into ``out`` with a tokenizer dir/file or a published one by
-    name (gpt2), and print a summary; return meta."""
+    """Tokenize ``inputs`` (files, dirs, save_to_disk dirs, ``hf:NAME``, fetched corpora, `datasets` objects; none:
+    the bundled corpus) into ``out`` with a tokenizer dir/file or a published one by name (gpt2), and print a
+    summary; return meta."""
     from lmforge.tokenizers.published import load_tokenizer
 
     tokenizer = load_tokenizer(str(tokenizer_spec))
     source = Path(tokenizer_spec)
     meta = prepare(
-        [Path(p) for p in inputs] if inputs else None,
+        list(inputs) if inputs else None,
         Path(out),
         tokenizer,
         val_fraction=val_fraction,

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -24,16 +26,16 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from lmforge.data.clean import CleanConfig, clean_documents
+from lmforge.data.clean import RULES, CleanConfig, Cleaner, clean_lines
 from lmforge.data.corpus import default_corpus_paths
-from lmforge.data.readers import read_documents
+from lmforge.data.readers import describe_input, read_documents
 from lmforge.errors import LMForgeError
 from lmforge.files import pid_alive, write_error
 
 FORMAT = "lmforge-tokens"
 VERSION = 1
 SPLITS = ("train", "val")
-_CHUNK_CHARS = 1 << 22  # characters per encode_batch call: bounds memory, keeps the Rust pool busy
+_CHUNK_CHARS = 1 << 20  # characters per encode_batch call: bounds memory, keeps the Rust pool busy
 # Scratch dirs carry the writer's pid and this nonce: in a container every process can be PID 1, so the pid alone
 # cannot tell this process's scratch from a killed predecessor's with the same pid.
 _NONCE = os.urandom(4).hex()
@@ -130,35 +132,107 @@ def split_documents(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
     return is_val
 
 
-def _chunks(n_docs: int, docs: list[str]) -> Iterator[range]:
-    start, size = 0, 0
-    for i in range(n_docs):
-        size += len(docs[i])
+class _Survey:
+    """What the first pass over the input finds: documents (after cleaning), their characters, which input documents
+    cleaning kept (one byte each), the cleaning counts and the replaced-byte count."""
+
+    def __init__(self, inputs: Sequence, text_field: str, cleaner: Cleaner | None) -> None:
+        from lmforge.progress import progress
+
+        stream = read_documents(inputs, text_field)
+        self.n_docs = self.n_chars = 0
+        self.kept: bytearray | None = None if cleaner is None else bytearray()
+        bar = progress(desc="reading", unit="char", unit_scale=True)
+        for doc in stream:
+            bar.update(len(doc))
+            if cleaner is not None:
+                text = cleaner.clean(doc)
+                self.kept.append(text is not None)  # type: ignore[union-attr]
+                if text is None:
+                    continue
+                doc = text
+            self.n_docs += 1
+            self.n_chars += len(doc)
+        bar.close()
+        self.counts = None if cleaner is None else cleaner.counts
+        self.replaced_bytes = stream.replaced_bytes
+
+
+def _chunks(inputs: Sequence, text_field: str, kept: bytearray | None, cfg: CleanConfig | None) -> Iterator[list[str]]:
+    """The second pass: the documents again, cleaned as the first pass cleaned them (the line rules are a function of
+    the document; the first pass decided which documents stay), in lists of about `_CHUNK_CHARS` characters."""
+    chunk: list[str] = []
+    size = 0
+    scratch = dict.fromkeys(RULES, 0)  # the first pass counted already
+    for i, doc in enumerate(read_documents(inputs, text_field)):
+        if kept is not None:
+            if not kept[i]:
+                continue
+            doc = clean_lines(doc, cfg or CleanConfig(), scratch)
+        chunk.append(doc)
+        size += len(doc)
         if size >= _CHUNK_CHARS:
-            yield range(start, i + 1)
-            start, size = i + 1, 0
-    if start < n_docs:
-        yield range(start, n_docs)
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
-def _tokenize_into(docs: list[str], is_val: np.ndarray, tokenizer: TokenizerLike, writers: dict) -> None:
+def _prefetch(items: Iterator, depth: int = 2) -> Iterator:
+    """`items`, produced by a thread `depth` ahead: reading and parsing the next chunk overlaps the (GIL-free, Rust)
+    encoding of this one, so every core works. An error in the producer is raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _tokenize_into(chunks: Iterator[list[str]], n_chars: int, is_val: np.ndarray, tokenizer: TokenizerLike,
+                   writers: dict) -> None:  # fmt: skip
     from lmforge.progress import progress
 
     eos, vocab = int(tokenizer.eos_id), int(tokenizer.vocab_size)  # type: ignore[arg-type]
-    bar = progress(total=sum(len(d) for d in docs), desc="tokenizing", unit="char", unit_scale=True)
-    for rows in _chunks(len(docs), docs):
-        bar.update(sum(len(docs[i]) for i in rows))
-        ids = tokenizer.encode_batch([docs[i] for i in rows])
+    bar = progress(total=n_chars, desc="tokenizing", unit="char", unit_scale=True)
+    first = 0  # index of the chunk's first document
+    for docs in _prefetch(chunks):
+        ids = tokenizer.encode_batch(docs)
+        val = is_val[first : first + len(docs)]
         for split, writer in writers.items():
-            pick = [j for j, i in enumerate(rows) if is_val[i] == (split == "val")]
-            if not pick:
+            pick = np.flatnonzero(val == (split == "val"))
+            if not len(pick):
                 continue
             tokens, lengths = pack_with_eos([ids[j] for j in pick], eos)
             if tokens.min() < 0 or tokens.max() >= vocab:
                 bad = int(tokens.max() if tokens.max() >= vocab else tokens.min())
                 raise LMForgeError(f"tokenizer produced id {bad}, outside its vocab_size {vocab}")
-            n_bytes = sum(len(docs[rows[j]].encode("utf-8")) for j in pick)
-            writer.write(tokens, lengths, n_bytes)
+            writer.write(tokens, lengths, sum(len(docs[j].encode("utf-8")) for j in pick))
+        first += len(docs)
+        bar.update(sum(map(len, docs)))
     bar.close()
 
 
@@ -222,15 +296,14 @@ def prepare(
     _check_out(out)
     if tokenizer.eos_id is None:
         raise LMForgeError("the tokenizer has no EOS token; prepare needs one to separate documents")
-    paths = default_corpus_paths() if inputs is None else [Path(p) for p in inputs]
-    stream = read_documents(paths, text_field)
-    docs = list(stream)
-    counts = None
-    if clean:
-        docs, counts = clean_documents(docs, clean_config)
-        if len(docs) < 2:
-            raise LMForgeError(f"cleaning kept {len(docs)} of {counts['docs_in']} documents; need at least 2")
-    is_val = split_documents(len(docs), val_fraction, seed)
+    sources = default_corpus_paths() if inputs is None else list(inputs)
+    # Two passes over the input, so that memory does not grow with it: the first counts the documents (and decides
+    # which ones cleaning keeps), for the seeded split; the second tokenizes them chunk by chunk.
+    survey = _Survey(sources, text_field, Cleaner(clean_config) if clean else None)
+    counts = survey.counts
+    if counts is not None and survey.n_docs < 2:
+        raise LMForgeError(f"cleaning kept {survey.n_docs} of {counts['docs_in']} documents; need at least 2")
+    is_val = split_documents(survey.n_docs, val_fraction, seed)
     dtype = token_dtype(tokenizer.vocab_size)
     tmp = _scratch(out, "tmp")
     try:
@@ -239,7 +312,8 @@ def prepare(
         tmp.mkdir()
         writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
         try:
-            _tokenize_into(docs, is_val, tokenizer, writers)
+            chunks = _chunks(sources, text_field, survey.kept, clean_config)
+            _tokenize_into(chunks, survey.n_chars, is_val, tokenizer, writers)
         finally:
             stats = {s: w.close() for s, w in writers.items()}
         meta = {
@@ -252,10 +326,10 @@ def prepare(
             "val_fraction": val_fraction,
             "seed": seed,
             "cleaning": counts,
-            "replaced_bytes": stream.replaced_bytes,
+            "replaced_bytes": survey.replaced_bytes,
             "tokenizer": tokenizer_source,
             "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer) if hasattr(tokenizer, "backend") else None,
-            "sources": [str(p) for p in paths],
+            "sources": [describe_input(p) for p in sources],
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         _replace_dir(tmp, out)

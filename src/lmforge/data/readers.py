@@ -105,42 +105,85 @@ FETCHED = "fetched:"
 
 
 def input_path(p: Path | str) -> Path:
-    """An input as a path: `fetched:NAME` → the cache's `data/NAME` dir (which must exist), `~` expanded."""
-    if str(p).startswith(FETCHED):
-        from lmforge.files import cache_root
+    """An input as a path: `fetched:NAME` → the cache's `data/NAME` dir (which must exist), `~` expanded; a bare NAME
+    that is no file or directory here but a fetched corpus's name → that corpus."""
+    from lmforge.files import cache_root
 
+    if str(p).startswith(FETCHED):
         name = str(p)[len(FETCHED) :]
         path = cache_root() / "data" / name
         if not name or not path.is_dir():
             raise LMForgeError(f"{p}: not fetched yet (run: lmforge data fetch {name or 'NAME'}; looked in {path})")
         return path
-    return Path(p).expanduser()
+    path = Path(p).expanduser()
+    name = str(p)
+    if not path.exists() and name and "/" not in name and "\\" not in name:
+        fetched = cache_root() / "data" / name
+        if (fetched / "docs.jsonl").is_file():
+            return fetched
+        from lmforge.data.fetch import list_fetchers
+
+        if name in list_fetchers():
+            raise LMForgeError(
+                f"{p}: no such file or directory, and corpus {name} is not fetched yet (run: lmforge data fetch "
+                f"{name}; then name it {name} or fetched:{name})"
+            )
+    return path
+
+
+def _scan(p: Path) -> list[Path]:
+    """The readable files of directory `p` (sorted, hidden ones skipped)."""
+    found = [
+        f
+        for f in sorted(p.rglob("*"))
+        if f.is_file()
+        and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        and _kind(f, in_dir=True) is not None
+    ]
+    if not found:
+        raise LMForgeError(f"{p}: directory has no readable files ({READABLE}), nor is it a save_to_disk dataset")
+    return found
+
+
+def resolve_sources(inputs: Sequence) -> list:
+    """Inputs as what is read: files (directories expanded into their readable files), and `DatasetInput`s for
+    `datasets` objects, save_to_disk dirs and `hf:NAME`s; checks existence."""
+    from lmforge.data.hf_datasets import HF_PREFIX, DatasetInput, is_dataset, is_saved_dataset
+
+    out: list = []
+    for item in inputs:
+        if is_dataset(item) or str(item).startswith(HF_PREFIX):
+            out.append(DatasetInput(item))
+            continue
+        p = input_path(item)
+        if is_saved_dataset(p):
+            out.append(DatasetInput(p))
+        elif p.is_dir():
+            out += _scan(p)
+        elif p.is_file():
+            if _kind(p) is None:
+                raise LMForgeError(f"{p}: unsupported file type ({READABLE})")
+            out.append(p)
+        else:
+            raise LMForgeError(f"{p}: no such file or directory")
+    if not out:
+        raise LMForgeError("no input files given")
+    return list(dict.fromkeys(out))  # the same file named twice is read once
 
 
 def resolve_files(paths: Sequence[Path | str]) -> list[Path]:
     """Expand directories into their readable files (sorted, hidden files skipped); check existence."""
-    files: list[Path] = []
-    for p in map(input_path, paths):
-        if p.is_dir():
-            found = [
-                f
-                for f in sorted(p.rglob("*"))
-                if f.is_file()
-                and not any(part.startswith(".") for part in f.relative_to(p).parts)
-                and _kind(f, in_dir=True) is not None
-            ]
-            if not found:
-                raise LMForgeError(f"{p}: directory has no readable files ({READABLE})")
-            files += found
-        elif p.is_file():
-            if _kind(p) is None:
-                raise LMForgeError(f"{p}: unsupported file type ({READABLE})")
-            files.append(p)
-        else:
-            raise LMForgeError(f"{p}: no such file or directory")
-    if not files:
-        raise LMForgeError("no input files given")
-    return list(dict.fromkeys(files))  # the same file named twice is read once
+    files = resolve_sources(paths)
+    if not all(isinstance(f, Path) for f in files):
+        raise LMForgeError("this command reads files only, not Hugging Face datasets")
+    return files
+
+
+def describe_input(item) -> str:
+    """An input as meta.json's `sources` records it."""
+    from lmforge.data.hf_datasets import DatasetInput, is_dataset
+
+    return str(DatasetInput(item)) if is_dataset(item) else str(item)
 
 
 DOC_CHARS = 1 << 15
@@ -195,8 +238,8 @@ def _pieces(parts: list[str], limit: int, joiner: str) -> Iterator[str]:
 class DocumentStream(Iterator[str]):
     """An iterator over the documents of some files; counts replaced (non-UTF-8) bytes as it goes."""
 
-    def __init__(self, paths: Sequence[Path | str], text_field: str = "text") -> None:
-        self.files = resolve_files(paths)  # fails early, before any reading
+    def __init__(self, paths: Sequence, text_field: str = "text") -> None:
+        self.files = resolve_sources(paths)  # fails early, before any reading
         self.text_field = text_field
         self.replaced_bytes = 0
         self.n_docs = 0
@@ -216,13 +259,17 @@ class DocumentStream(Iterator[str]):
         readers = {"text": self._text, "jsonl": self._jsonl, "table": self._table, "parquet": self._parquet}
         for path in self.files:
             n = 0
-            for doc in readers[_kind(path)](path):  # type: ignore[index]
+            docs = self._dataset(path) if not isinstance(path, Path) else readers[_kind(path)](path)  # type: ignore[index]
+            for doc in docs:
                 # Every format's documents pass the same cut, so no input hands the tokenizer an unbounded string.
                 for piece in split_text(doc, DOC_CHARS):
                     n += 1
                     yield piece
             if n == 0:
                 raise LMForgeError(f"{path}: empty file (no documents)")
+
+    def _dataset(self, source) -> Iterator[str]:
+        return (text for text in source.texts(self.text_field) if text and text.strip())
 
     def _text(self, path: Path) -> Iterator[str]:
         data = _read_all(path)
@@ -336,8 +383,9 @@ def csv_records(
         raise LMForgeError(f"{path}:{line}: malformed {kind} ({e})") from None
 
 
-def read_documents(paths: Sequence[Path | str], text_field: str = "text") -> DocumentStream:
-    """Iterate over the documents in ``paths`` (files or directories).
+def read_documents(paths: Sequence, text_field: str = "text") -> DocumentStream:
+    """Iterate over the documents in ``paths`` (files or directories; `datasets` objects, save_to_disk dirs and
+    ``hf:NAME``s: the column ``text_field``).
 
     The returned stream's ``replaced_bytes`` holds how many non-UTF-8 bytes were replaced so far.
     """

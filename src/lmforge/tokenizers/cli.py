@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import lzma
 from collections.abc import Iterator, Sequence
@@ -33,8 +32,8 @@ def check_input_file(path: Path | str) -> Path:
     return path
 
 
-def iter_texts(path: Path) -> Iterator[str]:
-    """Texts of a file: lines of plain text, or the "text" field of each JSON line of a ``.jsonl`` file; ``.gz``,
+def iter_texts(path: Path, text_field: str = "text") -> Iterator[str]:
+    """Texts of a file: lines of plain text, or the `text_field` of each JSON line of a ``.jsonl`` file; ``.gz``,
     ``.xz`` and ``.bz2`` files are decompressed first, and a file that is not text is refused rather than learned
     from.
 
@@ -59,12 +58,27 @@ def iter_texts(path: Path) -> Iterator[str]:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise LMForgeError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-                text = record.get("text") if isinstance(record, dict) else None
+                text = record.get(text_field) if isinstance(record, dict) else None
                 if not isinstance(text, str):
-                    raise LMForgeError(f"{path}:{lineno}: expected an object with a string 'text' field")
+                    raise LMForgeError(f"{path}:{lineno}: expected an object with a string '{text_field}' field")
                 yield text
     except (EOFError, lzma.LZMAError, OSError) as e:  # a truncated or corrupt archive, an unreadable file
         raise LMForgeError(f"{path}: cannot read ({e})") from e
+
+
+class FileTexts:
+    """The texts of some files (`iter_texts`), readable more than once: the first pass can hash them for the
+    tokenizer cache, the second trains on them. `chars` counts the characters of the last pass."""
+
+    def __init__(self, files: Sequence[Path], text_field: str = "text") -> None:
+        self.files, self.text_field, self.chars = list(files), text_field, 0
+
+    def __iter__(self) -> Iterator[str]:
+        self.chars = 0
+        for f in self.files:
+            for text in iter_texts(f, self.text_field):
+                self.chars += len(text)
+                yield text
 
 
 def cmd_train(
@@ -74,39 +88,37 @@ def cmd_train(
     vocab_size: int,
     family: Family | None = None,
     min_frequency: int = 2,
+    *,
+    sample_chars: int | None = None,
+    text_field: str = "text",
+    cache: bool = True,
 ) -> dict:
-    """Train a tokenizer on text files, save it to ``out`` and print and return a summary."""
+    """Train a tokenizer on text files, save it to ``out`` and print and return a summary. ``sample_chars``: train
+    on a sample of this many characters (None: the kind's default; 0: all); ``cache``: reuse a tokenizer trained
+    before on the same text and settings."""
     if not inputs:
         raise LMForgeError("no input files given")
     files = [check_input_file(p) for p in inputs]
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise LMForgeError(f"output {out} is a file, expected a directory")
-    n_chars = 0
-
-    def texts() -> Iterator[str]:
-        nonlocal n_chars
-        for f in files:
-            for text in iter_texts(f):
-                n_chars += len(text)
-                yield text
-
-    stream = texts()
-    first = next((t for t in stream if t), None)  # fail before training when every file is empty
-    if first is None:
+    texts = FileTexts(files, text_field)
+    if next((t for t in texts if t), None) is None:  # fail before training when every file is empty
         raise LMForgeError(f"no text in the input files: {', '.join(map(str, files))}")
     tok = train_tokenizer(
-        itertools.chain([first], stream), kind, vocab_size, family, min_frequency,
-        size_key="--vocab-size", frequency_key="--min-frequency",
+        texts, kind, vocab_size, family, min_frequency,
+        size_key="--vocab-size", frequency_key="--min-frequency", sample_chars=sample_chars, cache=cache,
     )  # fmt: skip
     tok.save(out)
+    training = tok.training or {}
     summary = {
         "out": str(out),
         "kind": tok.kind,
         "family": tok.family,
         "vocab_size": tok.vocab_size,
         "files": len(files),
-        "chars": n_chars,
+        "chars": training.get("chars_seen", texts.chars),
+        "trained_on_chars": training.get("chars_used", training.get("chars_seen", texts.chars)),
         "special_tokens": tok.special_tokens,
     }
     print(json.dumps(summary, indent=2, ensure_ascii=False))

@@ -40,6 +40,8 @@ class Tokenizer(HFTokenizerMixin):
         self._kind = _MODEL_KINDS[model_name]
         self._family = family
         self._special_tokens = dict(special_tokens)
+        self.training: dict | None = None
+        """How a tokenizer trained here was trained (its text sample, the trainer's options); saved with it."""
         self._ids: dict[str, int | None] = {role: None for role in ROLES}
         for role, text in self._special_tokens.items():
             if role not in ROLES:
@@ -175,6 +177,8 @@ class Tokenizer(HFTokenizerMixin):
             "family": self.family,
             "special_tokens": self._special_tokens,
         }
+        if self.training is not None:
+            meta["training"] = self.training
         (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return directory
 
@@ -197,8 +201,10 @@ class Tokenizer(HFTokenizerMixin):
             msg = f"cannot load tokenizer: {file} is not a valid tokenizer.json ({reason})"
             raise LMForgeError(msg) from e
         meta_file = file.parent / META_FILE
+        training = None
         if meta_file.exists():
             kind, family, roles = _read_meta(meta_file)
+            training = json.loads(meta_file.read_text(encoding="utf-8")).get("training")
             actual = _MODEL_KINDS.get(type(backend.model).__name__)
             if kind != actual:
                 msg = f"cannot load tokenizer: {meta_file} says kind {kind!r} but {file} holds {actual!r}"
@@ -206,7 +212,9 @@ class Tokenizer(HFTokenizerMixin):
         else:
             family = infer_family(backend.token_to_id)
             roles = _roles_for(family, backend)
-        return cls(backend, roles, family)
+        tok = cls(backend, roles, family)
+        tok.training = training if isinstance(training, dict) else None
+        return tok
 
 
 def _read_meta(meta_file: Path) -> tuple[str, str | None, dict[str, str]]:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import tokenizers
 
 from lmforge.errors import LMForgeError
+from lmforge.progress import progress, status
+from lmforge.tokenizers.cache import cache_dir, cache_key, load_cached, store
 from lmforge.tokenizers.core import Tokenizer
+from lmforge.tokenizers.sample import TextSample, default_sample_chars, sample_texts
 from lmforge.tokenizers.specials import DEFAULT_FAMILY, FAMILIES, KINDS, SPECS, Family, FamilySpec, Kind
 
 N_BYTES = 256
+UNIGRAM_OPTIONS = {"shrinking_factor": 0.75, "n_sub_iterations": 2, "max_piece_length": 16}
+"""SentencePiece's defaults (Kudo 2018's unigram EM, pruning 25% of the pieces per round), stated so a cached or saved
+tokenizer records them; the speed comes from training on a sample (`lmforge.tokenizers.sample`)."""
 
 
 def train_tokenizer(
@@ -22,6 +31,9 @@ def train_tokenizer(
     show_progress: bool | None = None,
     size_key: str = "vocab_size",
     frequency_key: str | None = "min_frequency",
+    *,
+    sample_chars: int | None = None,
+    cache: bool = False,
 ) -> Tokenizer:
     """Learn a ``vocab_size``-token vocabulary (special tokens included) from ``texts``.
 
@@ -29,6 +41,10 @@ def train_tokenizer(
     (bpe -> gpt, wordpiece -> bert, unigram -> t5). ``min_frequency`` is the least count a merge
     needs (BPE and WordPiece; Unigram prunes by likelihood instead). ``size_key`` and ``frequency_key`` name the
     options an error tells the user to change (``model.vocab_size``; None: min_frequency is not theirs to set).
+    ``sample_chars`` bounds the text trained on to a deterministic sample of that many characters
+    (`lmforge.tokenizers.sample`; None: the kind's default, a bounded sample for unigram; 0: all of it).
+    ``cache`` reuses a tokenizer trained before on the same text with the same settings (`lmforge.tokenizers.cache`;
+    needs ``texts`` to be readable twice, e.g. a list, unless a sample is taken).
     """
     if show_progress is None:  # the trainer's own bar, on a terminal unless quiet
         from lmforge.progress import terminal_progress
@@ -44,11 +60,59 @@ def train_tokenizer(
             f"{N_BYTES} byte tokens and {_plural(len(spec.tokens), 'special token')} need at least "
             f"{N_BYTES + len(spec.tokens)}"
         )
+    budget = default_sample_chars(kind, vocab_size) if sample_chars is None else sample_chars
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise LMForgeError(f"the tokenizer's sample_chars must be an integer >= 0 (0: all the text), got {budget!r}")
+    training: dict = {"trainer": _options(kind, min_frequency)}
+    if budget:
+        sample = _read_sample(texts, budget, kind)
+        texts = sample.texts
+        training.update(sample.info())
+    key = None
+    if cache and iter(texts) is not texts:  # a sample or a list: the text can be hashed, then trained on
+        key = cache_key(texts, {"kind": kind, "family": family, "vocab_size": vocab_size, **training})
+        cached = load_cached(key)
+        if cached is not None:
+            status(f"reusing the {kind} tokenizer of {vocab_size} tokens trained before on the same text and "
+                   f"settings ({cache_dir()}/{key})")  # fmt: skip
+            return cached
+    started = time.monotonic()
+    sampled = bool(training.get("sampled"))
+    backend = _fit(
+        texts, kind, learned, spec, min_frequency, show_progress, size_key, frequency_key, vocab_size, sampled
+    )
+    # Added in increasing id order after the learned vocab (T5: <extra_id_99> ... <extra_id_0>).
+    backend.add_special_tokens([_added(t, spec) for t in spec.trailing])
+    backend.post_processor = _post_processor(kind, spec, backend)
+    tok = Tokenizer(backend, spec.roles, family)
+    tok.training = training
+    where = store(key, tok) if key else None
+    cached_in = f" (cached in {where})" if where else ""
+    status(f"trained the {kind} tokenizer in {time.monotonic() - started:.1f} s{cached_in}")
+    # The cached copy, as a later run will load it: its scores went through JSON, and both runs must tokenize alike.
+    return (load_cached(key) or tok) if where else tok
+
+
+def _read_sample(texts: Iterable[str], budget: int, kind: str) -> TextSample:
+    """The bounded sample of `texts`, with a progress bar over the characters read and a status line saying what
+    share of the text the tokenizer trains on."""
+    bar = progress(desc="sampling text", unit="char", unit_scale=True)
+    sample = sample_texts(texts, budget, on_text=bar.update)
+    bar.close()
+    if sample.sampled:
+        status(f"training the {kind} tokenizer on a sample of {_chars(sample.chars_used)} of the "
+               f"{_chars(sample.chars_seen)} characters (sample_chars={budget:,}; 0 trains on all)")  # fmt: skip
+    return sample
+
+
+def _fit(texts, kind, learned, spec, min_frequency, show_progress, size_key, frequency_key, vocab_size, sampled):
+    """The trained `tokenizers.Tokenizer` (learned vocabulary only), with one-line errors."""
     backend = _pipeline(kind, spec)
     trainer = _trainer(kind, learned, spec, min_frequency, show_progress)
     counter = _CharCounter(texts)
     try:
-        backend.train_from_iterator(counter, trainer)
+        with _heartbeat(f"training the {kind} tokenizer", quiet=show_progress):
+            backend.train_from_iterator(counter, trainer)
     except LMForgeError:
         raise
     except Exception as e:
@@ -59,11 +123,33 @@ def train_tokenizer(
         raise LMForgeError(f"tokenizer training failed: {str(e).strip().splitlines()[0]}") from e
     if counter.chars == 0:
         raise LMForgeError("no training text: every input text is empty")
-    _check_size(backend.get_vocab_size(with_added_tokens=True), learned, vocab_size, kind, size_key, frequency_key)
-    # Added in increasing id order after the learned vocab (T5: <extra_id_99> ... <extra_id_0>).
-    backend.add_special_tokens([_added(t, spec) for t in spec.trailing])
-    backend.post_processor = _post_processor(kind, spec, backend)
-    return Tokenizer(backend, spec.roles, family)
+    _check_size(backend.get_vocab_size(with_added_tokens=True), learned, vocab_size, kind, size_key, frequency_key,
+                sampled)  # fmt: skip
+    return backend
+
+
+@contextmanager
+def _heartbeat(what: str, quiet: bool, every: float = 30.0) -> Iterator[None]:
+    """A status line every `every` seconds while the (GIL-releasing) Rust trainer runs, for logs, where its own
+    bar does not show; nothing when `quiet` (the trainer's bar is on a terminal) or --quiet."""
+    from lmforge.progress import is_quiet
+
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            status(f"{what}: {time.monotonic() - started:.0f} s so far")
+
+    thread = None if quiet or is_quiet() else threading.Thread(target=beat, daemon=True)
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
 
 
 def _check_args(kind: str, vocab_size: int, family: str | None, min_frequency: int, size_key: str) -> None:
@@ -82,7 +168,9 @@ def _check_args(kind: str, vocab_size: int, family: str | None, min_frequency: i
         )
 
 
-def _check_size(got: int, learned: int, vocab_size: int, kind: str, size_key: str, frequency_key: str | None) -> None:
+def _check_size(
+    got: int, learned: int, vocab_size: int, kind: str, size_key: str, frequency_key: str | None, sampled: bool = False
+) -> None:
     """Fail unless training produced exactly the requested number of learned tokens."""
     if got > learned:
         raise LMForgeError(
@@ -94,7 +182,12 @@ def _check_size(got: int, learned: int, vocab_size: int, kind: str, size_key: st
         raise LMForgeError(
             f"the training text supports only {got + vocab_size - learned} tokens for a {kind} vocabulary, "
             f"fewer than {size_key} {vocab_size}: lower {knobs}, or add text"
+            + (" (it trained on a sample: raise sample_chars)" if sampled else "")
         )
+
+
+def _chars(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
 
 
 def _plural(n: int, word: str) -> str:
@@ -164,7 +257,13 @@ def _trainer(kind: str, learned: int, spec: FamilySpec, min_frequency: int, show
         special_tokens=specials,
         unk_token=spec.roles["unk"],
         show_progress=show_progress,
+        **UNIGRAM_OPTIONS,
     )
+
+
+def _options(kind: str, min_frequency: int) -> dict:
+    """The trainer options that shape the vocabulary, as recorded with it."""
+    return dict(UNIGRAM_OPTIONS) if kind == "unigram" else {"min_frequency": min_frequency}
 
 
 def _post_processor(
