@@ -36,5 +36,5 @@ def test_text_that_fits_is_used_unchanged() -> None:
 
 def test_default_bounds_only_unigram() -> None:
     assert default_sample_chars("bpe", 512) == 0 and default_sample_chars("wordpiece", 512) == 0
-    assert default_sample_chars("unigram", 512) == 1_000_000
-    assert default_sample_chars("unigram", 32000) == 9_600_000
+    assert default_sample_chars("unigram", 512) == 500_000
+    assert default_sample_chars("unigram", 32000) == 3_200_000

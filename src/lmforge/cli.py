@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--min-frequency", type=int, default=2)
     tt.add_argument(
         "--sample-chars", type=int, default=None,
-        help="train on a deterministic sample of this many characters (default: unigram 300 per token, at least 1M; "
+        help="train on a deterministic sample of this many characters (default: unigram 100 per token, at least 500k; "
         "bpe/wordpiece all; 0: all)",
     )  # fmt: skip
     tt.add_argument("--text-field", default="text", help="the field of a .jsonl file's records to train on")
