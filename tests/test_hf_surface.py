@@ -221,3 +221,19 @@ def test_stock_trainer_trains_an_lmforge_model_on_its_labels_loss(tmp_path) -> N
     assert first == pytest.approx(start, abs=1e-4)
     with torch.no_grad():
         assert model(batch, labels=batch).loss.item() < start - 0.5
+
+
+def test_the_readme_hf_snippet_runs(tmp_path) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "lmforge.hf_trainer" in b]
+    (tmp_path / "snippet.py").write_text(code, encoding="utf-8")
+    res = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    decoded = res.stdout.strip().splitlines()[-1]  # the prompt and its continuation (the Trainer prints its summary)
+    assert decoded[2:].startswith("It is a truth") and len(decoded) > len("['It is a truth']")
+    assert (tmp_path / "runs/hf-tiny/manifest.json").is_file()
