@@ -123,7 +123,8 @@ def test_a_bare_section_names_its_preset_or_is_refused_in_one_line(capsys):
     cfg = shown(capsys, "pretrain", "gpt", "--model=gpt-tiny", "--objective=prefix_lm")
     assert cfg["model"]["name"] == "gpt-tiny" and cfg["model"]["d_model"] == 64
     assert cfg["objective"]["name"] == "prefix_lm"
-    assert shown(capsys, "finetune", "--model=gpt-tiny")["model"]["init"] == "gpt-tiny"
+    cfg = shown(capsys, "finetune", "--model=gpt-tiny", "--task=regression", "--peft=lora")
+    assert (cfg["model"]["init"], cfg["task"]["type"], cfg["peft"]["method"]) == ("gpt-tiny", "regression", "lora")
     rc, _, err = run(capsys, "pretrain", "--objective=bertt")
     assert rc == 2 and err.count("\n") == 1 and "unknown objective 'bertt'" in err
     rc, _, err = run(capsys, "pretrain", "--model=gpt-nano")

@@ -141,6 +141,14 @@ def test_lmforge_eval_harness_runs_lm_evals_command_line_on_a_run_with_the_shipp
         lls = [lp for lp, _ in lm.loglikelihood([(d["question"], " " + c) for c in d["choices"]])]
         right += int(max(range(len(lls)), key=lls.__getitem__) == d["answer"])
     assert acc == pytest.approx(right / len(docs)) and "|lmforge_mc|" in capsys.readouterr().out
+    # lm_eval's own way to name the model works too (docs/evaluation.md).
+    ppl = ["--tasks", "lmforge_ppl", "--device", "cpu", "--output_path", str(tmp_path / "ppl")]
+    assert main(["eval", "--harness", "--model", "lmforge", "--model_args", f"pretrained={run}", *ppl]) == 0
+    bits = json.loads(next((tmp_path / "ppl").rglob("results_*.json")).read_text())["results"]["lmforge_ppl"]
+    texts = [d["text"] for d in read_jsonl("text.jsonl")]
+    want = -sum(lm.loglikelihood_rolling(texts)) / math.log(2) / sum(len(t.encode()) for t in texts)
+    assert bits["bits_per_byte,none"] == pytest.approx(want, rel=1e-5)
+    capsys.readouterr()
     assert main(["eval", str(run), "--harness", "--model_args", f"pretrained={run}", *args]) == 2
     assert capsys.readouterr().err == f"error: give the model once: {run} or --model/--model_args, not both\n"
 

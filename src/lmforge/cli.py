@@ -256,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--text", help="perplexity and bits per byte of a pretrained model on this text file")
     ev.add_argument("--stride", type=int, help="--text: new tokens per sliding window (default: the context)")
     ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass")
+    ev.add_argument("--harness", action="store_true", help="lm-evaluation-harness: the arguments after it are "
+                    "lm_eval's; PATH is the model `lmforge`, lmforge's example tasks are on the task path")  # fmt: skip
     ev.set_defaults(fn=_eval)
 
     al = sub.add_parser("align", help="instruction tuning, reward model, DPO, PPO, best-of-n").add_subparsers(
