@@ -168,11 +168,10 @@ def check_overrides(kind: str, overrides: list[str]) -> list[str]:
 def check_spaced_values(args: list[str], kind: str) -> None:
     """Refuse `--train.lr 3e-4` (a value after a space is taken for the recipe, or left over) in one line; a
     switch before a recipe (`--train.compile gpt`) stays."""
-    from lmforge.config import RECIPES_DIR
-
     for flag, value in zip(args, args[1:]):
         if not flag.startswith("--") or "." not in flag or "=" in flag or value.startswith("-"):
             continue
+        from lmforge.config import RECIPES_DIR
         folder = RECIPES_DIR / ("experiments" if kind == "experiment" else kind)
         if not (folder / f"{value}.yaml").is_file() and not Path(value).exists():
             raise LMForgeError(f"{flag} {value}: an override takes its value after '=': {flag}={value}")
