@@ -172,6 +172,7 @@ def check_spaced_values(args: list[str], kind: str) -> None:
         if not flag.startswith("--") or "." not in flag or "=" in flag or value.startswith("-"):
             continue
         from lmforge.config import RECIPES_DIR
+
         folder = RECIPES_DIR / ("experiments" if kind == "experiment" else kind)
         if not (folder / f"{value}.yaml").is_file() and not Path(value).exists():
             raise LMForgeError(f"{flag} {value}: an override takes its value after '=': {flag}={value}")
