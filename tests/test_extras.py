@@ -92,3 +92,18 @@ def test_an_experiment_without_matplotlib_is_refused_before_its_runs(monkeypatch
         "pip install 'matplotlib>=3.7'"
     )
     assert not (tmp_path / "exp").exists()  # no run started, no lock taken
+
+
+def test_the_readme_extras_table_and_pip_commands_are_pyprojects():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("| extra | installs | for |\n| --- | --- | --- |\n", 1)[1].split("\n\n", 1)[0]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `(\w+)` \| ([^|]*) \|", table, re.M)}
+    assert set(rows) == set(EXTRAS)
+    for extra, listed in rows.items():
+        if extra == "all":
+            continue
+        names = [re.split("[<>=\\[]", r)[0] for r in EXTRAS[extra]]
+        names = ["all" if n == "lmforge" else n for n in names]
+        assert [x.strip(" `") for x in listed.split(",")] == names, extra
+    for group in re.findall(r"\.\[([\w,]+)\]", readme):  # pip install '.[eval,harness]' and the like
+        assert set(group.split(",")) <= set(EXTRAS), group
