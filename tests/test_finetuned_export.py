@@ -233,3 +233,27 @@ def test_predict_reads_a_file_of_texts(runs, tmp_path, capsys):
     assert main(["predict", run, "--input", str(tmp_path / "in.txt")]) == 0
     plain = capsys.readouterr().out.splitlines()
     assert plain == [o["prediction"] for o in _predict(run, capsys, *_text_args())]
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "finetuned-export.md"
+
+
+def test_the_documented_commands_run(tmp_path, monkeypatch, capsys):
+    import re
+    import shlex
+
+    text = DOC.read_text(encoding="utf-8")
+    commands = [shlex.split(line) for line in re.findall(r"```bash\n(.*?)```", text, re.S)[0].splitlines()]
+    monkeypatch.chdir(tmp_path)
+    for cmd in commands:
+        assert cmd[0] == "lmforge"
+        fewer = ["--train.max_steps=3", "--data.max_eval=16"] if cmd[1] == "finetune" else []
+        capsys.readouterr()
+        assert main([a for a in cmd[1:] if not a.startswith("--train.max_steps")] + fewer) == 0, cmd
+        out = capsys.readouterr().out
+        if cmd[1] == "predict" and "--json" not in cmd:
+            assert set(out.split()) <= {"negative", "positive"} and len(out.split()) == 2
+    assert (tmp_path / "hf/sst2-lora/adapter_config.json").is_file() and (tmp_path / "hf/sst2-lora/base").is_dir()
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    exec(compile(code, str(DOC), "exec"), {})
+    assert "'prediction': " in capsys.readouterr().out
