@@ -127,12 +127,12 @@ def test_t5_run_generates_the_same_text_in_transformers(runs, tmp_path, capsys):
     rows = [{"text": t, "target": t.split()[-1]} for t in T.TEXTS[:12]]
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     data = {"source": "table", "train": str(pairs), "dev": str(pairs), "target_field": "target"}
-    task = {"type": "seq2seq", "template": "last word: {text}", "num_beams": 1, "max_new_tokens": 6}
+    task = {"type": "seq2seq", "template": "last word: {text}", "num_beams": 3, "max_new_tokens": 6}
     run = _finetune(runs, "translate-t5", "t5-tiny", "t5", data=data, task=task, train={"max_steps": 6})
     _convert(run, tmp_path / "hf")
     ours = [o["prediction"] for o in _predict(run, capsys, *_text_args(T.TEXTS[:2]))]
     hf, tok = _loaded(AutoModelForSeq2SeqLM, tmp_path / "hf"), AutoTokenizer.from_pretrained(tmp_path / "hf")
-    assert hf.config.prefix == "last word: " and hf.generation_config.max_new_tokens == 6
+    assert hf.config.prefix == "last word: " and hf.generation_config.num_beams == 3
     enc = tok([hf.config.prefix + t for t in T.TEXTS[:2]], return_tensors="pt", padding=True)
     with torch.no_grad():
         out = hf.generate(**enc)
