@@ -107,3 +107,19 @@ def test_the_readme_extras_table_and_pip_commands_are_pyprojects():
         assert [x.strip(" `") for x in listed.split(",")] == names, extra
     for group in re.findall(r"\.\[([\w,]+)\]", readme):  # pip install '.[eval,harness]' and the like
         assert set(group.split(",")) <= set(EXTRAS), group
+
+
+def test_the_austen_fetch_without_rdata_is_refused_before_its_download(monkeypatch, tmp_path):
+    from lmforge.data import fetch, packages
+
+    def download(*a, **k):
+        raise AssertionError("downloaded although rdata is missing")
+
+    monkeypatch.setattr(packages, "apt_fetch", download)
+    hide(monkeypatch, "rdata")
+    with pytest.raises(LMForgeError) as e:
+        fetch("austen", cache_dir=tmp_path)
+    assert str(e.value) == (
+        "the austen fetch recipe needs rdata, which is not installed (lmforge's `data` extra): "
+        "pip install 'rdata>=0.11'"
+    )

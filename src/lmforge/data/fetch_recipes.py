@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from lmforge.data import corpora, debian_text, packages, sources
 from lmforge.data.fetch import FETCHERS, Records, register, register_labelled, register_mix
+from lmforge.extras import check
 
 if TYPE_CHECKING:
     from lmforge.data.labelled import LabelledSet
@@ -62,6 +63,7 @@ def _sotu(scratch: Path) -> Records:
     "public domain text; janeaustenr MIT", "270 docs, 4 MB",
 )  # fmt: skip
 def _austen(scratch: Path) -> Records:
+    check("the austen fetch recipe", "rdata")  # before the download: the package's R data needs rdata to read
     yield from sources.austen_records(packages.apt_fetch("r-cran-janeaustenr", scratch))
 
 
