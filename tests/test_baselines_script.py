@@ -1,0 +1,59 @@
+"""scripts/baselines.py: the majority class and tf-idf + LR chosen on dev, on a labelled-set directory."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import baselines  # noqa: E402
+
+
+def _write_set(root: Path, pairs: bool = False) -> Path:
+    """Two classes told apart by one word each, among shared filler; 3:1 more 'neg' than 'pos' in train."""
+    rng = random.Random(0)
+    filler = "the a of film plot actor scene story".split()
+    root.mkdir()
+    for split, n in (("train", 200), ("dev", 40), ("test", 40)):
+        rows = []
+        for i in range(n):
+            label = "pos" if i % 4 == 0 else "neg"
+            words = rng.choices(filler, k=6) + ["superb" if label == "pos" else "dull"]
+            rng.shuffle(words)
+            row = {"text": " ".join(words), "label": label}
+            if pairs:
+                row["text_pair"] = "x"
+            rows.append(json.dumps(row))
+        (root / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    meta = {
+        "name": root.name,
+        "task_type": "classification",
+        "labels": ["neg", "pos"],
+        "splits": ["train", "dev", "test"],
+    }
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+def test_baselines_of_a_labelled_dir(tmp_path, capsys):
+    root = _write_set(tmp_path / "words")
+    out = tmp_path / "b.json"
+    baselines.main([str(root), "--sizes", "40", "0", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["train"] for r in rows] == [40, 200]
+    for r in rows:
+        assert r["majority"]["label"] == "neg" and r["majority"]["test"] == pytest.approx(0.75)
+        assert r["tfidf_lr"]["test"] == 1.0 and r["tfidf_lr"]["dev"] == 1.0
+        assert tuple(r["tfidf_lr"]["ngrams"]) in baselines.NGRAMS and r["tfidf_lr"]["C"] in baselines.CS
+    assert "majority dev 75.0 test 75.0; tf-idf + LR dev 100.0 test 100.0" in capsys.readouterr().out
+
+
+def test_pairs_and_unknown_sets_are_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="holds text pairs"):
+        baselines.main([str(_write_set(tmp_path / "pairs", pairs=True))])
+    with pytest.raises(SystemExit, match="^error: .*no-such-set"):
+        baselines.main(["no-such-set"])
