@@ -57,7 +57,11 @@ class OptimConfig:
 @dataclass
 class LoopConfig:
     max_steps: PosInt = 1000
-    """Optimizer steps of the run."""
+    """Optimizer steps of the run (with time_budget: the most it may take)."""
+    time_budget: PosFloat | None = None
+    """Seconds of training (from the first step: compilation, steps and evaluations; not start-up, the final
+    evaluation or save): the run measures its step time and plans its steps to end on the budget, its schedule
+    (warmup, wsd decay, cosine) following the planned steps, replanned at each logged step until the decay begins."""
     batch_size: PosInt = 16
     """Examples (sequences) per device per micro-step."""
     grad_accum: PosInt = 1

@@ -25,6 +25,7 @@ from lmforge.objectives.base import LossOutput
 from lmforge.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train import parallel
+from lmforge.train.budget import TimeBudget
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, barrier, broadcast_object
 from lmforge.train.metrics import BackgroundPlot, MetricsLogger, Progress, Throughput, plot_metrics
@@ -142,6 +143,11 @@ class Loop:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg, device)
         self.schedule = Schedule(self.optimizer, cfg, cfg.max_steps)
+        self.total = cfg.max_steps  # planned steps: max_steps, or what the time budget allows
+        self.budget, self.progress = None, None
+        if getattr(cfg, "time_budget", None) is not None:
+            decay = cfg.decay_ratio if cfg.schedule == "wsd" else None
+            self.budget = TimeBudget(cfg.time_budget, cfg.max_steps, decay)
         self.autocast = autocast_for(device, cfg.precision)
         if device.type == "cuda":  # float32 matmuls outside autocast (optimizer-free parts, fp32 runs) on TF32
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -170,6 +176,7 @@ class Loop:
             "best": list(self.best) if self.best else None,
             "streak": self.streak,
             "pre_streak_ckpt": self.pre_streak_ckpt,
+            **({"budget": {**self.budget.state_dict(), "total": self.total}} if self.budget is not None else {}),
         }
 
     def restore(self, path: Path, on_rank: Callable[[int], None] | None = None) -> None:
@@ -196,6 +203,9 @@ class Loop:
             self.batches.load_state_dict(loaders[min(self.dist.rank, len(loaders) - 1)])
             rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
             self.step = int(state["step"])
+            if self.budget is not None and "budget" in state:
+                self.budget.load_state_dict(state["budget"])
+                self._set_total(int(state["budget"]["total"]))
             self.best = tuple(state["best"]) if state.get("best") else None
             self.streak, self.pre_streak_ckpt = int(state.get("streak", 0)), state.get("pre_streak_ckpt")
             self.last_good = self.pre_streak_ckpt if self.streak else self.step
@@ -393,7 +403,21 @@ class Loop:
 
     def _due(self, every: int | None) -> bool:
         """Every `every` steps and at the last one (None: only at the last one)."""
-        return self.step == self.cfg.max_steps or bool(every and self.step % every == 0)
+        return self.step == self.total or bool(every and self.step % every == 0)
+
+    def _set_total(self, total: int) -> None:
+        self.total = total
+        self.schedule.set_total(total)
+        if self.progress is not None:
+            self.progress.set_total(total)
+
+    def _replan(self) -> None:
+        """Fit the planned steps to what is left of the time budget (decided on rank 0, at logged steps)."""
+        total = self.budget.plan(self.step, self.total) if self.dist.is_main else None
+        if self.dist.enabled:
+            total = broadcast_object(total, self.dist)
+        if total != self.total:
+            self._set_total(total)
 
     def _stop_signal(self, stop: StopRequest) -> int | None:
         if not self.dist.enabled:
@@ -405,7 +429,9 @@ class Loop:
     def run(self) -> dict[str, float]:
         """Train from the current step to cfg.max_steps; returns the last evaluation's metrics."""
         c, s = self.cfg, self.spec
-        self.progress = Progress(c.max_steps, every=s.progress_every) if self.dist.is_main else None
+        self.progress = Progress(self.total, every=s.progress_every) if self.dist.is_main else None
+        if self.budget is not None:
+            self.budget.start(self.step)
         self.clock = Throughput(s.tokens_per_step, self.step)
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         if c.deterministic:
@@ -414,9 +440,12 @@ class Loop:
         plot: BackgroundPlot | None = None
         try:
             with StopRequest() as stop:
-                while self.step < c.max_steps:
+                while self.step < self.total:
                     self.train_step()
                     self.callbacks.fire("step", self.step)
+                    if self.budget is not None and self.step % c.log_every == 0:  # before deciding on the last step
+                        self._log_train(*self._read())
+                        self._replan()
                     evaluate = s.evaluate is not None and (
                         self._due(c.eval_every) or bool(s.eval_at and s.eval_at(self.step))
                     )
@@ -427,7 +456,7 @@ class Loop:
                     with self.clock.paused():
                         if evaluate:
                             self._evaluate()
-                        if self.step == c.max_steps and self.dist.is_main:  # drawn while the last save is written
+                        if self.step == self.total and self.dist.is_main:  # drawn while the last save is written
                             plot = BackgroundPlot(self.run_dir)
                         if save or signum or self.done_early:
                             self.save()

@@ -274,6 +274,12 @@ class Progress:
             self.stream.write(self.format(step, loss, lr, tokens_per_s, mfu) + "\n")
             self.stream.flush()
 
+    def set_total(self, total_steps: int) -> None:
+        """A new planned length (a run on a time budget replans its steps)."""
+        self.total_steps = total_steps
+        if self._bar is not None:
+            self._bar.total = total_steps
+
     def close(self) -> None:
         """Close the bar so later output starts on a fresh line."""
         if self._bar is not None:

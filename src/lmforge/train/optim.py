@@ -229,6 +229,11 @@ class Schedule:
         self.last_step += 1
         self._apply()
 
+    def set_total(self, total_steps: int) -> None:
+        """Plan the schedule over a new number of steps (a run on a time budget replans)."""
+        self.total_steps = total_steps
+        self._apply()
+
     def get_last_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 

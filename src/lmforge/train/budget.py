@@ -1,0 +1,61 @@
+"""A run that ends on a wall-clock budget (`train.time_budget`) instead of a step count fixed in advance.
+
+The run measures its own step time and plans its total steps so that the last step lands on the budget; the
+schedule (warmup, WSD's decay, cosine) follows the planned total, so a slower host or a longer compilation gives
+fewer steps with a complete decay rather than a run cut off at a high learning rate. The plan is redone at every
+logged step (where the loop reads the device back anyway) until the final WSD decay begins; from then on it is
+fixed, so the decay is one straight line. The clock runs from the loop's first step: compilation, steps and
+evaluations during the run count; start-up before the loop, the final evaluation and the final save do not.
+`train.max_steps` caps the plan."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TimeBudget:
+    seconds: float
+    cap: int  # train.max_steps
+    decay_ratio: float | None  # schedule=wsd: the planned steps' fraction in the final decay; None: never fixed
+    spent: float = 0.0  # seconds used by earlier processes of this run (a resumed run continues its budget)
+    frozen: bool = False
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    _t0: float = field(default=0.0, repr=False)
+    _mark: tuple[float, int] | None = field(default=None, repr=False)
+    _start_step: int = field(default=0, repr=False)
+
+    def start(self, step: int) -> None:
+        """The loop's clock starts (each process of a run, at its first step)."""
+        self._t0 = self.clock()
+        self._mark = None
+        self._start_step = step
+
+    def elapsed(self) -> float:
+        return self.spent + self.clock() - self._t0
+
+    def plan(self, step: int, total: int) -> int:
+        """The total steps that end the run on the budget, from the step time since the last call (the first
+        call's window holds compilation: its estimate is cautious and the next one corrects it)."""
+        now = self.clock()
+        mark, self._mark = self._mark, (now, step)
+        if self.frozen:
+            return total
+        t_prev, s_prev = mark if mark is not None else (self._t0, self._start_step)
+        if step <= s_prev:
+            return total
+        per_step = (now - t_prev) / (step - s_prev)
+        left = self.seconds - self.elapsed()
+        new_total = min(self.cap, max(step + 1, step + math.floor(left / per_step))) if left > 0 else step
+        if self.decay_ratio is not None and step >= new_total - max(1, round(self.decay_ratio * new_total)):
+            self.frozen = True  # the decay has begun: keep its end where it is
+        return new_total
+
+    def state_dict(self) -> dict:
+        return {"spent": self.elapsed(), "frozen": self.frozen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.spent, self.frozen = float(state.get("spent", 0.0)), bool(state.get("frozen", False))
