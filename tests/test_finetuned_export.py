@@ -219,6 +219,8 @@ def test_predict_refuses_bad_input_in_one_line(runs, tmp_path, capsys):
          "error: 2 --text-pair for 1 --text: give one pair per text"),
         (["predict", str(tmp_path), "--text", "a"],
          f"error: {tmp_path} is not a fine-tuned run: lmforge predict needs one (lmforge generate continues text)"),
+        (["convert", str(tmp_path), "--to", "hf", "--out", str(tmp_path / "o"), "--merge"],
+         f"error: --merge applies to a fine-tuned LoRA run converted to hf, and {tmp_path} is none"),
     ]  # fmt: skip
     for argv, line in cases:
         capsys.readouterr()
