@@ -40,7 +40,10 @@ class PretrainRunConfig(RunConfig):
 @dataclass
 class DataConfig:
     inputs: list[str] = field(default_factory=list)
-    """Text files/dirs (txt, jsonl, csv, parquet); empty = the bundled public-domain corpus."""
+    """Text files/dirs (txt, jsonl, csv, parquet), save_to_disk dataset dirs, hf:NAME (a cached Hugging Face dataset,
+    read offline), fetched corpora by name; empty = the bundled public-domain corpus."""
+    text_field: str = "text"
+    """The JSONL field, or CSV / Parquet / dataset column, that holds the text."""
     prepared: str | None = None
     """A directory made by `lmforge data prepare` to train on directly (skips tokenizer training and prepare)."""
     tokenizer: str | None = None
@@ -49,6 +52,9 @@ class DataConfig:
     tokenizer_family: Literal["gpt", "bert", "t5", "bart", "llama"] | None = None
     """Special-token set of a tokenizer trained for this run (None: gpt for decoders, bert for encoders,
     t5 for encoder-decoders)."""
+    tokenizer_sample_chars: NonNegInt | None = None
+    """Train the run's tokenizer on a deterministic sample of this many characters (None: unigram 100 a token, at
+    least 500k; bpe and wordpiece all of it; 0: all). Trained tokenizers are cached by content and settings."""
     vocab_size: PosInt = 4096
     """Vocabulary size of a tokenizer trained for this run. A recipe's value gives way to a preset the user
     names (--model.preset), and the model's vocab_size follows the tokenizer."""

@@ -152,6 +152,9 @@ def resolve_sources(inputs: Sequence) -> list:
 
     out: list = []
     for item in inputs:
+        if isinstance(item, DatasetInput):
+            out.append(item)
+            continue
         if is_dataset(item) or str(item).startswith(HF_PREFIX):
             out.append(DatasetInput(item))
             continue

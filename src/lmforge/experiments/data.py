@@ -25,6 +25,9 @@ def data_key(cfg, vocab_size: int | None = None) -> str:
     """A short directory name that differs whenever the data a Config trains on would: tokenizer kind, family
     and size, inputs, split and cleaning."""
     d = dataclasses.asdict(cfg.data)
+    for key, default in (("text_field", "text"), ("tokenizer_sample_chars", None)):  # keys of earlier experiments
+        if d.get(key) == default:
+            d.pop(key)
     d["tokenizer_family"] = tokenizer_family(cfg)
     d["vocab_size"] = vocab_size or cfg.data.vocab_size
     d["seed"] = cfg.run.seed
@@ -39,7 +42,7 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     (`vocab_size`: of a tokenizer trained here, default data.vocab_size). `train_tokens` in the result is the
     corpus's training-split size, not an override."""
     from lmforge.data import load_default_corpus, prepare, read_documents
-    from lmforge.data.readers import resolve_files
+    from lmforge.data.readers import resolve_sources
     from lmforge.tokenizers import Tokenizer, train_tokenizer
     from lmforge.tokenizers.published import load_tokenizer
 
@@ -49,16 +52,17 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
 
         d.tokenizer = prepared_tokenizer(d.prepared)
     # The input files, found once (a missing input stops the experiment before anything is trained).
-    inputs = resolve_files(d.inputs) if d.inputs else None
+    inputs = resolve_sources(d.inputs) if d.inputs else None
     if d.tokenizer:  # a path, or a published tokenizer's name (gpt2), as `lmforge pretrain` takes it
         tok_spec, tok = d.tokenizer, load_tokenizer(d.tokenizer)
     else:
         tok_dir = dest / "tokenizer"
         if not (tok_dir / "tokenizer.json").is_file():
             status(f"training the shared tokenizer in {tok_dir}")
-            texts = load_default_corpus() if inputs is None else list(read_documents(inputs))
+            texts = load_default_corpus() if inputs is None else list(read_documents(inputs, d.text_field))
             trained = train_tokenizer(texts, d.tokenizer_kind, vocab_size or d.vocab_size, family=tokenizer_family(cfg),
-                                      size_key="data.vocab_size", frequency_key=None)  # fmt: skip
+                                      size_key="data.vocab_size", frequency_key=None,
+                                      sample_chars=d.tokenizer_sample_chars, cache=True)  # fmt: skip
             trained.save(tok_dir)
         tok_spec, tok = str(tok_dir), Tokenizer.load(tok_dir)
     data = Path(d.prepared) if d.prepared else dest / "data"
@@ -67,7 +71,7 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
             raise LMForgeError(f"data.prepared: {data} is not a prepared data dir (no meta.json)")
         status(f"preparing the shared corpus in {data}")
         prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed,
-                tokenizer_source=tok_spec)  # fmt: skip
+                tokenizer_source=tok_spec, text_field=d.text_field)  # fmt: skip
     meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
     return {
         "data.tokenizer": tok_spec, "data.prepared": str(data), "model.vocab_size": tok.vocab_size,

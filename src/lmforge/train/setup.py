@@ -46,14 +46,17 @@ def autocast_for(device: torch.device, precision: str):
     return nullcontext()
 
 
-def _input_paths(cfg: Config) -> list[Path] | None:
+def _input_paths(cfg: Config) -> list | None:
+    """data.inputs resolved (fetched corpora by name, `~`), each checked to exist; `hf:NAME` and `datasets` objects
+    as given (they are checked when read)."""
     if not cfg.data.inputs:
         return None
+    from lmforge.data.hf_datasets import HF_PREFIX, is_dataset
     from lmforge.data.readers import input_path
 
-    paths = [input_path(p) for p in cfg.data.inputs]
+    paths = [p if is_dataset(p) or str(p).startswith(HF_PREFIX) else input_path(p) for p in cfg.data.inputs]
     for p in paths:
-        if not p.exists():
+        if isinstance(p, Path) and not p.exists():
             raise LMForgeError(f"corpus path not found: {p}")
     return paths
 
@@ -65,10 +68,23 @@ def check_inputs(cfg: Config) -> None:
         raise LMForgeError(f"data.prepared: {cfg.data.prepared} is not a prepared data dir (no meta.json)")
 
 
-def _training_texts(paths: list[Path] | None) -> list[str]:
-    from lmforge.data import load_default_corpus, read_documents
+class _Documents:
+    """The documents of some inputs, read anew on each pass (the tokenizer cache hashes them, then training reads
+    them), so a corpus larger than memory can train a tokenizer."""
 
-    return load_default_corpus() if paths is None else list(read_documents(paths))
+    def __init__(self, paths: list, text_field: str) -> None:
+        self.paths, self.text_field = paths, text_field
+
+    def __iter__(self):
+        from lmforge.data import read_documents
+
+        return read_documents(self.paths, self.text_field)
+
+
+def _training_texts(paths: list | None, text_field: str = "text"):
+    from lmforge.data import load_default_corpus
+
+    return load_default_corpus() if paths is None else _Documents(paths, text_field)
 
 
 def seed_everything(seed: int) -> None:
@@ -141,12 +157,14 @@ def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
     family = cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
     recipe = {"inputs": cfg.data.inputs, "kind": cfg.data.tokenizer_kind, "family": family,
               "vocab_size": cfg.data.vocab_size}  # fmt: skip
+    if cfg.data.text_field != "text" or cfg.data.tokenizer_sample_chars is not None:  # older runs' recipes stay valid
+        recipe |= {"text_field": cfg.data.text_field, "sample_chars": cfg.data.tokenizer_sample_chars}
     if dist.is_main and _stale(tok_dir, recipe):
-        texts = _training_texts(_input_paths(cfg))
-        status(f"training a {cfg.data.tokenizer_kind} tokenizer of {cfg.data.vocab_size} tokens on "
-               f"{len(texts):,} documents")  # fmt: skip
+        texts = _training_texts(_input_paths(cfg), cfg.data.text_field)
+        status(f"training a {cfg.data.tokenizer_kind} tokenizer of {cfg.data.vocab_size} tokens")
         tok = train_tokenizer(texts, cfg.data.tokenizer_kind, cfg.data.vocab_size, family=family,
-                              size_key="data.vocab_size", frequency_key=None)  # fmt: skip
+                              size_key="data.vocab_size", frequency_key=None,
+                              sample_chars=cfg.data.tokenizer_sample_chars, cache=True)  # fmt: skip
         _save_atomically(tok, tok_dir, recipe)
     barrier(dist)
     return Tokenizer.load(tok_dir)
@@ -195,6 +213,8 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
         data_dir = run_dir / "data"
         recipe = {"inputs": cfg.data.inputs, "val_fraction": cfg.data.val_fraction, "clean": cfg.data.clean,
                   "seed": cfg.run.seed, "tokenizer": tokenizer_fingerprint(tokenizer)}  # fmt: skip
+        if cfg.data.text_field != "text":
+            recipe["text_field"] = cfg.data.text_field
         prepared_here = _stale(data_dir, recipe)
         if dist.is_main and prepared_here:
             status(f"preparing token shards in {data_dir}")
@@ -205,6 +225,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
                 val_fraction=cfg.data.val_fraction,
                 clean=cfg.data.clean,
                 seed=cfg.run.seed,
+                text_field=cfg.data.text_field,
             )
             write_atomic(data_dir / _RECIPE_FILE, json.dumps(recipe) + "\n")
         barrier(dist)
