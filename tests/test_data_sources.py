@@ -145,3 +145,26 @@ def test_pretraining_reads_a_save_to_disk_dir_by_its_text_field_and_caches_its_t
     capsys.readouterr()
     assert main(["pretrain", "gpt", f"--run.dir={tmp_path / 'b'}", *args]) == 0
     assert "reusing the bpe tokenizer of 300 tokens" in capsys.readouterr().err
+
+
+def test_documented_cli_commands(tmp_path: Path, monkeypatch, capsys) -> None:
+    """docs/data.md: `data prepare e.jsonl --text-field content`, a save_to_disk dir by path, and `tokenizer train
+    --kind unigram --sample-chars N` (a sample of the text, recorded with the tokenizer)."""
+    from lmforge.cli import main
+    from lmforge.tokenizers import train_tokenizer
+
+    monkeypatch.setenv("LMFORGE_TOKENIZER_CACHE", str(tmp_path / "tok-cache"))
+    monkeypatch.chdir(tmp_path)
+    train_tokenizer(DOCS, "bpe", 300).save("TOK")
+    Path("e.jsonl").write_text("".join(json.dumps({"content": d}) + "\n" for d in DOCS), encoding="utf-8")
+    assert main(["data", "prepare", "e.jsonl", "--text-field", "content", "--out", "data/e", "--tokenizer", "TOK"]) == 0
+    datasets.Dataset.from_dict({"content": DOCS}).save_to_disk("my_saved_dataset")
+    assert main(["data", "prepare", "my_saved_dataset", "--text-field", "content", "--out", "data/mine",
+                 "--tokenizer", "TOK"]) == 0  # fmt: skip
+    assert _bins(Path("data/e")) == _bins(Path("data/mine"))
+    Path("corpus.jsonl").write_text("".join(json.dumps({"text": f"{d} ({i})"}) + "\n" for i in range(8) for d in DOCS))
+    capsys.readouterr()
+    args = ["--out", "tok", "--kind", "unigram", "--vocab-size", "150", "--sample-chars", "20000"]
+    assert main(["tokenizer", "train", "corpus.jsonl", *args]) == 0
+    assert "training the unigram tokenizer on a sample of " in capsys.readouterr().err
+    assert json.loads(Path("tok/lmforge_tokenizer.json").read_text())["training"]["sample_chars"] == 20000
