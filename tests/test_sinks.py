@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -34,30 +35,44 @@ def _offline(monkeypatch, tmp_path):
     yield from restore_torch_globals()
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
-    """The history rows of every offline W&B run file under RUN/wandb (the LevelDB-style log of protobuf records
-    that `wandb sync` uploads: a 7-byte ':W&B' header, then 32 KiB blocks of crc/length/type-framed chunks)."""
+def wandb_records(path: Path) -> list:
+    """The protobuf records of an offline W&B run file (the LevelDB-style log that `wandb sync` uploads: a 7-byte
+    ':W&B' header, then 32 KiB blocks of crc/length/type-framed chunks)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    data, pos, chunk, out = path.read_bytes(), 7, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (length == 0 and kind == 0):  # block padding
+            pos += left
+            continue
+        chunk += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            out.append(pb.Record())
+            out[-1].ParseFromString(chunk)
+            chunk = b""
+    return out
+
+
+def wandb_history(run_dir: Path, attempts: int = 1) -> list[dict]:
+    """The history rows of the offline W&B run files under RUN/wandb, once `attempts` of them are complete: W&B's
+    service process writes them after `finish()` returns, so this waits (up to a minute) for each one's exit record."""
+    deadline = time.monotonic() + 60
+    while True:
+        files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        records = [wandb_records(f) for f in files]
+        done = [r for r in records if r and r[-1].WhichOneof("record_type") == "exit"]
+        if len(done) >= attempts or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(files) == len(done) == attempts, f"{len(files)} W&B run files, {len(done)} complete"
     rows = []
-    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        data, pos, chunk = path.read_bytes(), 7, b""
-        assert data[:4] == b":W&B"
-        while pos + 7 <= len(data):
-            left = 32768 - pos % 32768
-            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-            if left < 7 or (length == 0 and kind == 0):  # block padding
-                pos += left
-                continue
-            chunk += data[pos + 7 : pos + 7 + length]
-            pos += 7 + length
-            if kind in (1, 4):  # FULL or LAST
-                record = pb.Record()
-                record.ParseFromString(chunk)
-                chunk = b""
-                if record.WhichOneof("record_type") == "history":
-                    row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                    rows.append({k: v for k, v in row.items() if not k.startswith("_")})
+    for record in (r for rs in records for r in rs if r.WhichOneof("record_type") == "history"):
+        row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+        rows.append({k: v for k, v in row.items() if not k.startswith("_")})
     return rows
 
 
@@ -83,9 +98,12 @@ def test_wandb_offline_gets_every_record_and_a_resumed_run_continues_the_same_ru
     log_steps(run_dir, ["wandb"], range(1, 4))
     first_id = (run_dir / WANDB_ID_FILE).read_text().strip()
     assert wandb_history(run_dir) == [{"step": s, "loss": pytest.approx(1.0 / s), "lr": 0.5} for s in (1, 2, 3)]
+    # W&B names an attempt's directory by its start second: a resume (a new process) never starts in the second
+    # the first attempt did, but this one, in the same process, could.
+    time.sleep(1.01 - time.time() % 1)
     log_steps(run_dir, ["wandb"], range(3, 5), resume_step=2)  # the resumed attempt logs step 3 again, then 4
     assert (run_dir / WANDB_ID_FILE).read_text().strip() == first_id
-    assert [r["step"] for r in wandb_history(run_dir)] == [1, 2, 3, 3, 4]
+    assert [r["step"] for r in wandb_history(run_dir, attempts=2)] == [1, 2, 3, 3, 4]
     run_files = list(run_dir.glob(f"wandb/offline-run-*-{first_id}/run-{first_id}.wandb"))
     assert len(run_files) == 2  # two attempts, one W&B run id: `wandb sync` uploads both into the one run
 
