@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Time to loss on several corpora at once: for each prepared GPT-2-BPE data dir, one GPU runs nanoGPT's 1,200-step
+# recipe and then every gpt-fast variant (bench/train_e2e.py --time-to-loss), all on that corpus's validation windows.
+# From the repository root:
+#   NANOGPT=.peers/nanoGPT OUT_DIR=runs/ttl bash bench/time_to_loss_gpus.sh DATA_DIR... -- "--train.time_budget=30" ...
+# Each string after -- is one gpt-fast variant (default: the recipe as it is). Results: OUT_DIR/<corpus>.json, logs
+# and runs under OUT_DIR/<corpus>/. GPU0=N starts at GPU N (two invocations can share a host).
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+O=${OUT_DIR:-runs/ttl}; PY=${PYTHON:-python3}
+dirs=(); while (($#)) && [ "$1" != "--" ]; do dirs+=("$1"); shift; done; (($#)) && shift
+variants=(); for v in "$@"; do variants+=(--fast-args "$v"); done
+NG=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))')
+mkdir -p "$O"
+g=${GPU0:-0}  # the first GPU to use
+for d in "${dirs[@]}"; do
+  name=$(basename "$d")
+  CUDA_VISIBLE_DEVICES=$((g % NG)) "$PY" bench/train_e2e.py --data "$d" --tokenizer gpt2 --models \
+    --nanogpt "${NANOGPT:?set NANOGPT to a nanoGPT checkout}" --time-to-loss "${variants[@]}" \
+    --out "$O/$name.json" --work "$O/$name" > "$O/$name.log" 2>&1 &
+  g=$((g + 1))
+done
+wait
