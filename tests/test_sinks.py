@@ -80,8 +80,11 @@ def mlflow_history(run_dir: Path, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
-    run_id = (run_dir / MLFLOW_ID_FILE).read_text().strip()
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+    return sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id(run_dir), key))
+
+
+def mlflow_run_id(run_dir: Path) -> str:
+    return (run_dir / MLFLOW_ID_FILE).read_text().strip()
 
 
 def log_steps(run_dir: Path, sinks: list[str], steps: range, resume_step: int | None = None) -> None:
@@ -192,3 +195,7 @@ def test_pretrain_logs_to_wandb_and_mlflow_what_it_writes_to_metrics_jsonl(tmp_p
     assert [(s, pytest.approx(v)) for s, v in mlflow_history(run_dir, "loss")] == losses
     val = [(r["step"], r["val_loss"]) for r in logged if "val_loss" in r]
     assert val and mlflow_history(run_dir, "val_loss") == [(s, pytest.approx(v)) for s, v in val]
+    from mlflow.tracking import MlflowClient
+
+    params = MlflowClient((run_dir / "mlruns").resolve().as_uri()).get_run(mlflow_run_id(run_dir)).data.params
+    assert params["train.max_steps"] == "4" and params["model.name"] == "gpt-tiny"  # the resolved config

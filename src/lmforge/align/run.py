@@ -147,7 +147,7 @@ class Run:
             loop = Loop(model, loss_fn, batches, cfg.train, self.dir, spec, dist=d, device=self.device, log=None)
             if self.resume_from is not None:
                 loop.restore(self.resume_from)
-            log = MetricsLogger(self.dir, resume_step=loop.step, sinks=cfg.train.log_to) if d.is_main else None
+            log = MetricsLogger(self.dir, loop.step, cfg.train.log_to, align_to_dict(cfg)) if d.is_main else None
             loop.log = log
             if d.is_main:
                 save_align_config(cfg, self.dir / ckpt.CONFIG_FILE)

@@ -142,7 +142,7 @@ class FineTuner:
             self.loop.restore(self.resume_from)
             if d.is_main:
                 print(f"resumed from {self.resume_from} at step {self.loop.step}", file=sys.stderr)
-        self.log = MetricsLogger(self.run_dir, resume_step=self.loop.step, sinks=t.log_to) if d.is_main else None
+        self.log = MetricsLogger(self.run_dir, self.loop.step, t.log_to, finetune_to_dict(cfg)) if d.is_main else None
         self.loop.log = self.log
         if d.is_main:
             ckpt.save_run_config(self.run_dir, finetune_to_dict(cfg))

@@ -51,17 +51,20 @@ class MetricsLogger:
     """Appends one JSON line per :meth:`log` call to ``run_dir/metrics.jsonl``.
 
     With ``resume_step``, lines logged after that step (by the run being resumed) are dropped first, so the
-    resumed log has no duplicate steps.
+    resumed log has no duplicate steps. ``sinks`` (train.log_to) get every record too; ``config``, the run's resolved
+    config, goes to those that keep one (W&B's config, MLflow's parameters).
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, sinks: list[str] | tuple = ()) -> None:
+    def __init__(
+        self, run_dir: Path, resume_step: int | None = None, sinks: list[str] | tuple = (), config: dict | None = None
+    ) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         refuse_link(self.path)  # before reading it: a planted link's target is neither read nor written
         if self.path.exists():
             self._rewrite_kept(resume_step)
         self._file: TextIO | None = append_text(self.path)
-        self._sinks = open_sinks(list(sinks), Path(run_dir), resume_step)
+        self._sinks = open_sinks(list(sinks), Path(run_dir), resume_step, config)
 
     def _rewrite_kept(self, resume_step: int | None) -> None:
         """Drop a torn last line (a crash mid-write) and, when resuming, lines after ``resume_step``."""

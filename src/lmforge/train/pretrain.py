@@ -133,7 +133,7 @@ class Pretraining:
                         file=sys.stderr,
                     )
         # Lines an interrupted attempt logged after its checkpoint (or before any checkpoint) are dropped.
-        self.log = MetricsLogger(self.run_dir, resume_step=self.loop.step, sinks=t.log_to) if d.is_main else None
+        self.log = MetricsLogger(self.run_dir, self.loop.step, t.log_to, to_dict(cfg)) if d.is_main else None
         self.loop.log = self.log
         if d.is_main:
             ckpt.save_run_config(self.run_dir, to_dict(cfg))

@@ -7,11 +7,11 @@ gets, numbers only, with the record's step.
 - tensorboard: event files in RUN/tensorboard/ (`tensorboard --logdir RUN/tensorboard`); a resumed run purges the
   events logged after its checkpoint.
 - wandb: one W&B run per run dir (its id kept in RUN/wandb-run-id, so a resumed run continues it), named after the
-  run dir, with the resolved config.yaml as its config; W&B's files in RUN/wandb/. W&B's own settings apply:
+  run dir, with the run's resolved config as its config; W&B's files in RUN/wandb/. W&B's own settings apply:
   WANDB_PROJECT (default "lmforge"), WANDB_ENTITY, WANDB_MODE=offline (then `wandb sync RUN/wandb/offline-run-*`).
   Records are plotted against the lmforge step (the `step` metric), so a resumed run's repeated steps are kept.
-- mlflow: one MLflow run per run dir (its id kept in RUN/mlflow-run-id), the config.yaml's values as parameters and
-  the file as an artifact, in experiment MLFLOW_EXPERIMENT_NAME (default "lmforge") of MLFLOW_TRACKING_URI
+- mlflow: one MLflow run per run dir (its id kept in RUN/mlflow-run-id), the resolved config's values as parameters
+  and as a config.yaml artifact, in experiment MLFLOW_EXPERIMENT_NAME (default "lmforge") of MLFLOW_TRACKING_URI
   (a server, a database); without that variable, in a file store RUN/mlruns (`mlflow ui --backend-store-uri
   RUN/mlruns`). MLflow keeps every logged point, so steps repeated after a resume appear twice in its history.
 """
@@ -28,6 +28,7 @@ import yaml
 from lmforge.errors import LMForgeError
 from lmforge.extras import check, require
 from lmforge.files import write_atomic
+from lmforge.progress import is_quiet
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb-run-id"
@@ -51,13 +52,16 @@ def check_sinks(names: list[str] | tuple[str, ...]) -> None:
         check(f"train.log_to={name}", MODULES[name])
 
 
-def open_sinks(names: list[str] | tuple[str, ...], run_dir: Path, resume_step: int | None = None) -> list[Sink]:
-    """The sinks named, opened for `run_dir` (a resumed run continues where its checkpoint was)."""
+def open_sinks(
+    names: list[str] | tuple[str, ...], run_dir: Path, resume_step: int | None = None, config: dict | None = None
+) -> list[Sink]:
+    """The sinks named, opened for `run_dir` (a resumed run continues where its checkpoint was); `config`: the run's
+    resolved config (default: RUN/config.yaml when it is there)."""
     check_sinks(names)
     opened: list[Sink] = []
     try:
         for name in dict.fromkeys(names):  # each once
-            opened.append(_OPEN[name](Path(run_dir), resume_step))
+            opened.append(_OPEN[name](Path(run_dir), resume_step, config))
     except BaseException:
         for sink in opened:
             sink.close()
@@ -65,8 +69,10 @@ def open_sinks(names: list[str] | tuple[str, ...], run_dir: Path, resume_step: i
     return opened
 
 
-def _run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's resolved config (RUN/config.yaml), {} when it is not written (yet)."""
+def _run_config(run_dir: Path, config: dict | None) -> dict[str, Any]:
+    """`config`, else the run's RUN/config.yaml, else {}."""
+    if config is not None:
+        return config
     path = run_dir / "config.yaml"
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -95,7 +101,7 @@ def _saved_id(path: Path, resume_step: int | None) -> str | None:
 class TensorBoardSink:
     """TensorBoard event files in RUN/tensorboard (events after `resume_step` from an earlier attempt are purged)."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, config: dict | None = None) -> None:
         check("train.log_to=tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -113,15 +119,17 @@ class TensorBoardSink:
 class WandbSink:
     """A Weights & Biases run (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, config: dict | None = None) -> None:
         wandb = require("wandb", "train.log_to=wandb")
+        if is_quiet():  # --quiet: W&B's own status lines too
+            os.environ.setdefault("WANDB_SILENT", "true")
         id_file = run_dir / WANDB_ID_FILE
         run_id = _saved_id(id_file, resume_step)
         (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         try:
             self.run = wandb.init(
                 project=os.environ.get("WANDB_PROJECT", "lmforge"), name=run_dir.resolve().name, dir=str(run_dir),
-                config=_run_config(run_dir), id=run_id, resume="allow" if run_id else None,
+                config=_run_config(run_dir, config), id=run_id, resume="allow" if run_id else None,
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001 — W&B raises its own types for a missing login, a refused server, ...
             raise LMForgeError(f"train.log_to=wandb: W&B could not start a run: {str(e).splitlines()[0]}") from None
@@ -139,7 +147,7 @@ class WandbSink:
 class MlflowSink:
     """An MLflow run (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, config: dict | None = None) -> None:
         tracking = require("mlflow.tracking", "train.log_to=mlflow")
         self.entities = require("mlflow.entities", "train.log_to=mlflow")
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / MLFLOW_DIR).resolve().as_uri()
@@ -148,23 +156,23 @@ class MlflowSink:
         id_file = run_dir / MLFLOW_ID_FILE
         try:
             self.client = tracking.MlflowClient(uri)
-            self.run_id = _saved_id(id_file, resume_step) or self._new_run(run_dir)
+            self.run_id = _saved_id(id_file, resume_step) or self._new_run(run_dir, _run_config(run_dir, config))
             if resume_step is not None:
                 self.client.update_run(self.run_id, status="RUNNING")
         except Exception as e:  # noqa: BLE001 — MLflow raises its own types for a refused server, a bad URI, ...
             raise LMForgeError(f"train.log_to=mlflow: MLflow could not start a run: {str(e).splitlines()[0]}") from None
         write_atomic(id_file, self.run_id + "\n")
 
-    def _new_run(self, run_dir: Path) -> str:
+    def _new_run(self, run_dir: Path, config: dict[str, Any]) -> str:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lmforge")
         exp = self.client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
         run_id = self.client.create_run(exp_id, run_name=run_dir.resolve().name).info.run_id
-        params = [self.entities.Param(k, str(v)[:500]) for k, v in _flatten(_run_config(run_dir)).items()]
+        params = [self.entities.Param(k, str(v)[:500]) for k, v in _flatten(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
             self.client.log_batch(run_id, params=params[i : i + 100])
-        if (run_dir / "config.yaml").is_file():
-            self.client.log_artifact(run_id, str(run_dir / "config.yaml"))
+        if config:  # the config as the run's config.yaml artifact
+            self.client.log_text(run_id, yaml.safe_dump(config, sort_keys=False, allow_unicode=True), "config.yaml")
         return run_id
 
     def log(self, step: int, values: dict[str, float]) -> None:
