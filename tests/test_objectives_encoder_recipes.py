@@ -40,7 +40,8 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "recipe, preset, drop",
-    [("bert", "bert-tiny", 0.4), ("roberta", "roberta-tiny", 0.5), ("spanbert", "bert-tiny", 0.4),
+    [("bert", "bert-tiny", 0.4), ("roberta", "roberta-tiny", 0.5), ("encoder-fast", "encoder-fast-tiny", 0.5),
+     ("spanbert", "bert-tiny", 0.4),
      ("albert", "albert-tiny", 0.5), ("electra", "electra-tiny", 8.0)],
 )  # fmt: skip
 def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path):

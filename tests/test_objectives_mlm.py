@@ -107,6 +107,20 @@ def test_eval_masks_are_fixed(tok, win):
     assert abs((a["labels"] != M.IGNORE).double().sum() / (8 * (T - 2)) - 0.15) < 0.03
 
 
+def test_a_run_masking_30_percent_is_scored_on_the_15_percent_validation_masks(tok, win):
+    rows = win[:32]
+    base = objective("mlm", tok).eval_transform(rows)
+    high = objective("mlm", tok, "--objective.mask_rate=0.3", "--objective.eval_mask_rate=0.15")
+    assert torch.equal(high.eval_transform(rows)["labels"], base["labels"])  # the same predictions, the same inputs
+    assert torch.equal(high.eval_transform(rows)["input_ids"], base["input_ids"])
+    torch.manual_seed(0)
+    trained = high.transform(rows)["labels"] != M.IGNORE
+    assert abs(trained.double().sum() / (32 * (T - 2)) - 0.3) < 0.03  # training keeps its own rate
+    assert high.options.mask_rate == 0.3
+    with pytest.raises(LMForgeError, match="eval_mask_rate must be between 0 and 1"):
+        objective("mlm", tok, "--objective.eval_mask_rate=1.5")
+
+
 def _words(ids: torch.Tensor, table: torch.Tensor, special: torch.Tensor) -> list[list[int]]:
     """Positions of each word of a row: a word starts at a word-start token or right after a special token."""
     words: list[list[int]] = []
