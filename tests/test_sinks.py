@@ -27,6 +27,7 @@ def _offline(monkeypatch, tmp_path):
     """W&B offline with its settings and cache in tmp_path; MLflow on its default (the run dir's file store)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
