@@ -200,3 +200,12 @@ def test_pretrain_logs_to_wandb_and_mlflow_what_it_writes_to_metrics_jsonl(tmp_p
 
     params = MlflowClient((run_dir / "mlruns").resolve().as_uri()).get_run(mlflow_run_id(run_dir)).data.params
     assert params["train.max_steps"] == "4" and params["model.name"] == "gpt-tiny"  # the resolved config
+
+
+@needs_mlflow
+def test_a_tracking_run_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://tracking")
+    with pytest.raises(LMForgeError) as e:
+        MetricsLogger(tmp_path, sinks=["mlflow"])
+    assert str(e.value).startswith("train.log_to=mlflow: MLflow could not start a run: ")
+    assert "\n" not in str(e.value) and "nosuchscheme" in str(e.value)

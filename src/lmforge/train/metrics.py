@@ -64,7 +64,11 @@ class MetricsLogger:
         if self.path.exists():
             self._rewrite_kept(resume_step)
         self._file: TextIO | None = append_text(self.path)
-        self._sinks = open_sinks(list(sinks), Path(run_dir), resume_step, config)
+        try:
+            self._sinks = open_sinks(list(sinks), Path(run_dir), resume_step, config)
+        except BaseException:
+            self._file.close()
+            raise
 
     def _rewrite_kept(self, resume_step: int | None) -> None:
         """Drop a torn last line (a crash mid-write) and, when resuming, lines after ``resume_step``."""
