@@ -88,9 +88,11 @@ def test_a_key_given_twice_in_a_recipe_is_refused(tmp_path, capsys):
     assert not run.exists()
 
 
-def test_a_warmup_longer_than_the_run_is_noted(tmp_path, capsys):
+def test_a_warmup_longer_than_the_run_is_noted(tmp_path, capsys, prepared_docs, torch_globals):
+    tok, data = prepared_docs(12)  # shared prepared data: the note does not depend on the corpus
     args = ["pretrain", "gpt", "--model.preset=gpt-tiny", "--train.batch_size=2", "--train.seq_len=32",
-            "--train.warmup_steps=8", "--sample.prompts=[]", "--train.eval_batches=1"]  # fmt: skip
+            "--train.warmup_steps=8", "--sample.prompts=[]", "--train.eval_batches=1", f"--data.tokenizer={tok}",
+            f"--data.prepared={data}", "--model.vocab_size=512"]  # fmt: skip
     note = "note: the warmup (8 steps) is longer than the run (train.max_steps=2): the learning rate rises for the "
     note += "whole run and peaks at 25% of train.lr (lower train.warmup_steps)"
     assert main([*args, f"--run.dir={tmp_path / 'short'}", "--train.max_steps=2"]) == 0

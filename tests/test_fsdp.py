@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_testing import make_prepared
 
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
@@ -72,8 +71,8 @@ def keep_only(run: Path, step: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 30)
+def prepared(prepared_docs) -> tuple[Path, Path]:
+    return prepared_docs(30)
 
 
 def args(prepared, run: Path, *extra: str) -> list[str]:

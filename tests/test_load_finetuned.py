@@ -17,9 +17,11 @@ SMALL = {"max_train": 64, "max_eval": 32}
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> str:
+def pretrained(tmp_path_factory, prepared_docs) -> str:
     run = tmp_path_factory.mktemp("pre") / "run"
-    lmforge.pretrain("gpt", {"model.preset": "gpt-tiny", "train.max_steps": 4}, run={"dir": str(run)})
+    tok, data = prepared_docs(12)  # prepared once per session, not the whole bundled corpus again
+    over = {"model.preset": "gpt-tiny", "model.vocab_size": 512, "train.max_steps": 4}
+    lmforge.pretrain("gpt", over, data={"tokenizer": str(tok), "prepared": str(data)}, run={"dir": str(run)})
     return str(run)
 
 

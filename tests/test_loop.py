@@ -9,7 +9,6 @@ import contextlib
 import pytest
 import torch
 from lm_objective_testing import TINY_DECODER, objective
-from training_testing import make_prepared
 
 from lmforge.config import TrainConfig
 from lmforge.data import TokenLoader
@@ -25,8 +24,8 @@ from lmforge.train.pretrain import ObjectiveBatches
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 12)
+def prepared(prepared_docs):
+    return prepared_docs(12)
 
 
 def _source(prepared, seed: int = 3) -> ObjectiveBatches:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 from lm_objective_testing import objective, run_cli, tokenizer, train_losses, windows, write_corpus
-from training_testing import make_prepared
 
 from lmforge.api import load
 from lmforge.errors import LMForgeError
@@ -41,9 +40,9 @@ def test_training_carries_memory_from_step_to_step():
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(prepared_docs):
     """(tokenizer, data dir) of the first 12 bundled documents."""
-    tok_dir, data = make_prepared(tmp_path_factory.mktemp("xl"), 12)
+    tok_dir, data = prepared_docs(12)
     return Tokenizer.load(tok_dir), data
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_testing import make_prepared, restore_torch_globals
 
 from lmforge.cli import main
 from lmforge.data import load_default_corpus
@@ -29,14 +28,12 @@ TINY = ["--model.preset=gpt-tiny", "--train.batch_size=4", "--train.seq_len=32",
 TINY += ["--train.log_every=1", "--train.eval_every=100", "--sample.prompts=[]", "--train.eval_batches=2"]
 
 
+pytestmark = pytest.mark.usefixtures("torch_globals")
+
+
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 24)
-
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
+def prepared(prepared_docs) -> tuple[Path, Path]:
+    return prepared_docs(24)
 
 
 def pretrain(prepared, run: Path, *extra: str) -> list[str]:
@@ -495,6 +492,7 @@ def test_overlong_encoder_decoder_source_keeps_the_start(capsys):
     from lmforge.models import Transformer, get_preset
 
     tok = train_tokenizer(load_default_corpus()[:3], "bpe", 400, family="bart")
+    capsys.readouterr()  # its status line (printed unless an earlier CLI call in this process was --quiet)
     torch.manual_seed(0)
     model = Transformer(get_preset("bart-tiny", vocab_size=tok.vocab_size)).eval()
     source = "It is a truth universally acknowledged, " * 20

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from training_testing import make_prepared, restore_torch_globals
 
 import lmforge
 from lmforge.cli import main
@@ -23,14 +22,12 @@ TINY += ["--train.eval_every=100000", "--train.eval_batches=1", "--sample.prompt
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+pytestmark = pytest.mark.usefixtures("torch_globals")
+
+
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 24)
-
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
+def prepared(prepared_docs) -> tuple[Path, Path]:
+    return prepared_docs(24)
 
 
 def test_load_and_generate_on_a_run_rotating_its_checkpoints_every_step(prepared, tmp_path, capsys):

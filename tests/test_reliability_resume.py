@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from training_testing import make_prepared, restore_torch_globals
 
 from lmforge.cli import main
 from lmforge.data import TokenLoader
@@ -34,14 +33,12 @@ PAUSING_CLI = Path(__file__).with_name("pausing_cli.py")  # the CLI with callbac
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+) \(data position: epoch (\d+), batch (\d+)\)")
 
 
+pytestmark = pytest.mark.usefixtures("torch_globals")
+
+
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 30)
-
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
+def prepared(prepared_docs) -> tuple[Path, Path]:
+    return prepared_docs(30)
 
 
 def common(prepared, run: Path, *extra: str) -> list[str]:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from training_testing import make_prepared, restore_torch_globals
 
 from lmforge import files
 from lmforge.cli import main
@@ -26,14 +25,12 @@ TINY += ["--train.warmup_steps=2", "--train.log_every=1", "--sample.prompts=[]",
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+pytestmark = pytest.mark.usefixtures("torch_globals")
+
+
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 30)
-
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
+def prepared(prepared_docs) -> tuple[Path, Path]:
+    return prepared_docs(30)
 
 
 def pretrain_args(prepared, run: Path, *extra: str) -> list[str]:

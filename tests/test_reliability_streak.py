@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_reliability_inputs import POISON  # registers the test_poisoned_lm objective
-from training_testing import make_prepared, restore_torch_globals
 
 from lmforge.cli import main
 
@@ -18,14 +17,12 @@ TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size
 TINY += ["--train.log_every=1", "--train.eval_every=100", "--sample.prompts=[]", "--train.eval_batches=2"]
 
 
+pytestmark = pytest.mark.usefixtures("torch_globals")
+
+
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 24)
-
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
+def prepared(prepared_docs) -> tuple[Path, Path]:
+    return prepared_docs(24)
 
 
 def _finite(step_dir: Path) -> bool:

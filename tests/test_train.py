@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_testing import make_prepared, write_docs
+from training_testing import write_docs
 
 TINY = ["--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=64", "--train.warmup_steps=5"]
 
@@ -37,9 +37,9 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[Path, Path]:
+def prepared(prepared_docs) -> tuple[Path, Path]:
     """A tokenizer dir and prepared token shards shared by the tests that train."""
-    return make_prepared(tmp_path_factory.mktemp("prepared"), 40)
+    return prepared_docs(40)
 
 
 def test_cli_pretrains_and_generates(corpus, tmp_path):

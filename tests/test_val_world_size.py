@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from training_testing import make_prepared
 
 from lmforge.data import TokenLoader
 
@@ -62,8 +61,8 @@ def launch(n: int, out: Path, *overrides: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_val_loss_is_the_same_for_one_process_and_two(tmp_path):
-    tok, data = make_prepared(tmp_path, 30)
+def test_val_loss_is_the_same_for_one_process_and_two(tmp_path, prepared_docs):
+    tok, data = prepared_docs(30)
     # A seq_len whose val windows leave 1 in the last global batch of 8: the second process gets no row there.
     n_tokens = TokenLoader(data, "val", 16, 1).tokens.size
     seq_len = next(s for s in range(16, 65) if (n_tokens - 1) // s % 8 == 1 and (n_tokens - 1) // s > 16)
