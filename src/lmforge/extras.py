@@ -21,6 +21,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "threadpoolctl": ("threadpoolctl>=3", "eval"),
     "pyarrow": ("pyarrow>=14", "data"),
     "rdata": ("rdata>=0.11", "data"),
+    "datasets": ("datasets>=2.14", "data"),
     "matplotlib": ("matplotlib>=3.7", "plot"),
     "lm_eval": ("lm-eval>=0.4.13", "harness"),
     "transformers": ("transformers>=4.40", "hf"),
