@@ -8,7 +8,7 @@ lmforge_ppl, shipped in lmforge/eval/harness_tasks/) on the task path, e.g.
 lm_eval (0.4.x) finds model classes only in its own registry: it loads no plugins (no entry-point group), so its
 own `lm_eval` command cannot see `lmforge` unless this module registers it first. From Python: `register()`, then
 `lm_eval.simple_evaluate(model="lmforge", model_args="pretrained=RUN", ...)`, or pass
-`LMForgeLM(model=model, tokenizer=tokenizer)` as `model`. Needs `pip install 'lmforge[harness]'`."""
+`LMForgeLM(model=model, tokenizer=tokenizer)` as `model`. Needs `pip install -e '.[harness]'`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lmforge.errors import LMForgeError
 
-INSTALL_HINT = "lm-eval is not installed: pip install 'lmforge[harness]'"
+INSTALL_HINT = "lm-eval is not installed: pip install -e '.[harness]'"
 TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
 """lmforge's example lm-eval tasks (YAML + their JSONL data), on lm_eval's task path unless --include_path is given."""
 

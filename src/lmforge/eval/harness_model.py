@@ -1,6 +1,6 @@
 """The lm-evaluation-harness model `lmforge`: an `lm_eval.api.model.LM` over lmforge's scoring LM (eval/lm.py).
 
-Importing this module registers the class under the name `lmforge` (it needs `pip install 'lmforge[harness]'`);
+Importing this module registers the class under the name `lmforge` (it needs `pip install -e '.[harness]'`);
 `lmforge.eval.harness` is the command line. The harness's three request types map onto `eval.lm.LM`:
 
 - loglikelihood: Instance.args = (context, continuation) → (log P(continuation | context), is_greedy);
