@@ -20,7 +20,7 @@ try:
     from transformers.trainer import TRAINING_ARGS_NAME
 except ImportError as e:  # transformers is an optional dependency of lmforge
     raise ImportError(
-        "lmforge.hf_trainer needs transformers and accelerate: pip install -e '.[hf]' (from a checkout)"
+        "lmforge.hf_trainer needs transformers and accelerate: pip install -e '.[hf]'"
     ) from e
 
 from lmforge.models import Transformer
