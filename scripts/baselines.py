@@ -22,7 +22,7 @@ from lmforge.errors import LMForgeError
 from lmforge.tasks.readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
 
 NGRAMS = ((1, 1), (1, 2), (1, 3))
-CS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+CS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 
 def load_set(name: str) -> dict:
