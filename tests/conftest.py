@@ -29,3 +29,29 @@ def prepared_docs(tmp_path_factory) -> Callable[[int], tuple[Path, Path]]:
 def torch_globals():
     """One torch thread while the test runs; deterministic-algorithm mode and the thread count put back after."""
     yield from restore_torch_globals()
+
+
+# Module fixtures that train a run (or import lm_eval) for several tests. pytest-xdist's default scheduling can send
+# a module's tests to different workers, and each worker then builds the fixture again; with `--dist loadgroup`
+# (pyproject addopts) the tests that use one of these go to one worker as a group, and groups are scheduled first
+# (largest first), so these long modules start early instead of ending the run.
+SHARED_RUNS = {
+    "test_align_cli.py": "sft_run",
+    "test_align_ppo_run.py": "runs",
+    "test_bench.py": "cpu_run",
+    "test_compress_report.py": "teacher_run",
+    "test_eval_harness.py": "runs",
+    "test_finetune.py": "pretrained",
+    "test_fsdp.py": "runs",
+    "test_objectives_mae_lm.py": "run",
+    "test_reliability_inputs.py": "small_run",
+    "test_zeroshot_race_winograd.py": "pretrained",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixture = SHARED_RUNS.get(item.path.name)
+        if fixture is not None and fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}:{fixture}"))
