@@ -98,7 +98,9 @@ def test_declared_labels(tmp_path: Path) -> None:
     bad = _jsonl(tmp_path / "bad.jsonl", [*rows[:2], {"text": "oops", "label": "posative"}, *rows[2:]])
     with pytest.raises(LMForgeError, match=r"bad.jsonl:3: label 'posative' is not in data.labels \(negative, posit"):
         load_splits(FtDataConfig(source="table", train=str(bad), labels=["negative", "positive"]))
-    with pytest.raises(LMForgeError, match=r"^data.labels applies to the table and dir sources, not bundled \("):
+    with pytest.raises(
+        LMForgeError, match=r"^data.labels applies to the table, dir and datasets sources, not bundled \("
+    ):
         load_splits(FtDataConfig(source="bundled", name="sentiment", labels=["negative", "positive"]))
     with pytest.raises(LMForgeError, match=r"^data.labels: each label once, got \['a', 'a'\]$"):
         load_finetune_config("sst2-gpt", ["--data.labels=[a, a]"])

@@ -5,6 +5,10 @@ what the CLI runs; `load(path)` gives a model and its tokenizer from a run, a ch
     run = lmforge.pretrain("gpt", {"model.preset": "gpt-tiny", "train.max_steps": 50}, run={"dir": "runs/nb"})
     run.metrics["val_loss"], run.run_dir
     model, tokenizer = lmforge.load(run.run_dir)
+
+A `datasets.Dataset` (or DatasetDict) may stand in `data.inputs` of a pretraining run or as `data.dir` of a
+fine-tuning run: it is written with `save_to_disk` into RUN/inputs/N and the saved config names that dir, so the
+run's config.yaml stays plain YAML and the run can be resumed or repeated from it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,53 @@ def overrides_tree(overrides: list[str] | dict | None = None, sections: dict | N
     return tree
 
 
+def _place_datasets(tree: dict, kind: str, recipe: str, default_dir: str) -> dict[Path, Any]:
+    """Replace the live datasets of `data.inputs` (pretraining) or `data.dir` (fine-tuning) in `tree` by the dirs
+    of the run they will be saved to, RUN/inputs/N; return {dir: dataset}."""
+    from lmforge.data.hf_datasets import is_dataset
+
+    data = tree.get("data")
+    if not isinstance(data, dict):
+        return {}
+    key = "inputs" if kind == "pretrain" else "dir"
+    values = data.get(key)
+    items = values if key == "inputs" and isinstance(values, list | tuple) else [values]
+    if not any(is_dataset(v) for v in items):
+        return {}
+    inputs = resolved_run_dir(recipe, kind, tree, default_dir) / "inputs"
+    live = {inputs / str(i): v for i, v in enumerate(items) if is_dataset(v)}
+    for ds in live.values():
+        if not hasattr(ds, "save_to_disk"):
+            raise LMForgeError(
+                f"data.{key}: a streamed {type(ds).__name__} cannot be saved with the run; pass a Dataset or "
+                "DatasetDict (e.g. Dataset.from_generator) or a save_to_disk dir"
+            )
+    placed = [str(inputs / str(i)) if is_dataset(v) else v for i, v in enumerate(items)]
+    data[key] = placed if key == "inputs" else placed[0]
+    if kind == "finetune":
+        data.setdefault("source", "datasets")
+    return live
+
+
+def _save_datasets(live: dict[Path, Any], run_dir: Path, resume: bool) -> None:
+    """Write each dataset to its dir (by a scratch dir, so a failed write leaves none). A resumed run keeps the copy
+    it began with; a run dir with checkpoints and no resume is left alone (the run refuses it)."""
+    import shutil
+
+    from lmforge.checkpoints import list_checkpoints
+
+    if not resume and list_checkpoints(run_dir):
+        return
+    for where, ds in live.items():
+        if resume and where.is_dir():
+            continue
+        scratch = where.with_name(f".tmp-{where.name}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        ds.save_to_disk(str(scratch))
+        shutil.rmtree(where, ignore_errors=True)
+        scratch.rename(where)
+
+
 def pretrain_config(recipe: str | None, overrides: list[str] | dict | None = None, *, resume: bool = False) -> Config:
     """The config `lmforge pretrain RECIPE [overrides] [--resume]` runs: with --resume, the run's own saved config
     with the overrides on top; else the recipe (default: demo) with the overrides."""
@@ -80,7 +131,10 @@ def pretrain(
     validation metrics."""
     from lmforge.train.pretrain import Pretraining
 
-    cfg = pretrain_config(recipe, overrides_tree(overrides, sections), resume=resume)
+    tree = overrides_tree(overrides, sections)
+    live = _place_datasets(tree, "pretrain", recipe or "demo", Config().run.dir)
+    cfg = pretrain_config(recipe, tree, resume=resume)
+    _save_datasets(live, Path(cfg.run.dir), resume)
     run = Pretraining(cfg, resume=resume)
     return RunResult(run.run_dir, run.fit())
 
@@ -92,9 +146,13 @@ def finetune(
     """Fine-tune as `lmforge finetune RECIPE --init INIT` does; returns the run dir and the best checkpoint's dev
     metrics (also in RUN/eval.json)."""
     from lmforge.finetune_cli import finetune_config
+    from lmforge.tasks.config import FtRunConfig
     from lmforge.train.finetune import FineTuner
 
-    cfg = finetune_config(recipe, init, overrides_tree(overrides, sections), resume=resume)
+    tree = overrides_tree(overrides, sections)
+    live = _place_datasets(tree, "finetune", recipe or "sst2-gpt", FtRunConfig().dir)
+    cfg = finetune_config(recipe, init, tree, resume=resume)
+    _save_datasets(live, Path(cfg.run.dir), resume)
     tuner = FineTuner(cfg, resume=resume)
     return RunResult(tuner.run_dir, tuner.fit())
 

@@ -69,7 +69,7 @@ class DatasetInput:
     def dataset(self) -> Any:
         """The Dataset (or IterableDataset) to read: loaded on first use, a DatasetDict's split picked."""
         if self._ds is None:
-            self._ds = _load_hf(str(self.spec)) if str(self.spec).startswith(HF_PREFIX) else _load_saved(self.spec)
+            self._ds = load(self.spec)
         self._ds = _pick_split(self._ds, "train", str(self))
         return self._ds
 
@@ -83,6 +83,14 @@ class DatasetInput:
                 if value is not None and not isinstance(value, str):
                     raise LMForgeError(f"{self}: column '{field}' holds {type(value).__name__}, expected strings")
                 yield value
+
+
+def load(spec: str | Path) -> Any:
+    """The Dataset or DatasetDict a save_to_disk dir or `hf:NAME[:CONFIG[:SPLIT]]` holds (all its splits when no
+    split is named; one line of error when it cannot be read)."""
+    if str(spec).startswith(HF_PREFIX):
+        return _load_hf(str(spec))
+    return _load_saved(Path(spec))
 
 
 def _pick_split(ds: Any, split: str, label: str) -> Any:
@@ -117,4 +125,4 @@ def _load_hf(spec: str) -> Any:
             f"{spec}: not in the local Hugging Face datasets cache ({cache}); lmforge reads it offline: download it "
             f"once with datasets.load_dataset({name!r}{', ' + repr(config) if config else ''}) ({reason})"
         ) from None
-    return _pick_split(ds, split or "train", spec)
+    return ds

@@ -58,25 +58,27 @@ class TaskSection:
 class FtDataConfig:
     source: str = "bundled"
     """Where the labelled splits come from: bundled, glue, superglue, squad, conll2003, table, dir, fetched, race,
-    wsc, dpr (see tasks/data.py)."""
+    wsc, dpr, datasets (see tasks/data.py)."""
     name: str = "sentiment"
     """The bundled set, GLUE task (sst2, mrpc, ...) or SuperGLUE task."""
     dir: str | None = None
-    """Data directory (GLUE task dir; a dir with train/dev/test files for the other sources)."""
+    """Data directory (GLUE task dir; a dir with train/dev/test files for the other sources; for datasets, a
+    save_to_disk dir or hf:NAME[:CONFIG[:SPLIT]], read offline from the local Hugging Face cache)."""
     train: str | None = None
     """Explicit file of the train split (overrides dir's)."""
     dev: str | None = None
     test: str | None = None
     text_field: str = "text"
-    """Table sources: the column/key holding the text."""
+    """Table and datasets sources: the column/key holding the text."""
     text_pair_field: str | None = None
     label_field: str = "label"
+    """Table and datasets sources: the column/key holding the label (a dataset's ClassLabel gives the names)."""
     target_field: str | None = None
     """Table sources: the column/key holding the target text (a translation, a summary) of a seq2seq or
     text-to-text example; with it set, no label is read."""
     labels: list[str] | None = None
-    """Table and dir sources: the label set, in class order. A label outside it stops the run with an error naming
-    the file, line and value. Without it the labels are the sorted distinct labels found."""
+    """Table, dir and datasets sources: the label set, in class order. A label outside it stops the run with an
+    error naming the file, line and value. Without it the labels are the sorted distinct labels found."""
     min_label_count: NonNegInt = 2
     """Table sources without `labels`: warn about a label seen fewer times than this, or in only one labelled split
     (a typo silently becomes a new class otherwise); 0 turns the warnings off."""

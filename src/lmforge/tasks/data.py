@@ -8,15 +8,17 @@ Sources (`data.source`):
   pairs) — files from `data.train/dev/test`;
 - fetched: a set built by `lmforge data fetch NAME` (`data.name`); dir: a labelled-set dir in the same layout
   (`meta.json` + `train/dev/test.jsonl`, objects with `Example`'s fields);
+- datasets: Hugging Face datasets (`data.dir`): a `save_to_disk` dir or `hf:NAME[:CONFIG[:SPLIT]]` read offline
+  from the local cache, columns mapped by the table options (see tasks/hf_splits.py);
 - race: the RACE directory (`data.dir`; `data.name` all, middle or high); wsc: the Winograd Schema Challenge's
   `WSCollection.xml` (`data.dir` holding it, or `data.test`; `data.name` wsc273 or wsc285), a test split only;
   dpr: Rahman & Ng's `train.c.txt` / `test.c.txt` (`data.dir`, or `data.train` / `data.test`).
 A run without a dev split holds out the last 10% of train (deterministic) as dev.
 
-Labels of table and dir data: `data.labels` declares the label set (a label outside it is an error naming the
-file, line and value). Without it, a table label seen fewer than `data.min_label_count` times or in only one
-labelled split gets a warning, since a typo would otherwise become a class of its own (a dir's meta.json states
-its label set already)."""
+Labels of table, dir and datasets data: `data.labels` declares the label set (a label outside it is an error
+naming the file, line and value). Without it, a table label seen fewer than `data.min_label_count` times or in only
+one labelled split gets a warning, since a typo would otherwise become a class of its own (a dir's meta.json and a
+dataset's `ClassLabel` column state their label set already)."""
 
 from __future__ import annotations
 
@@ -81,9 +83,21 @@ def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _dir(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.data.hf_datasets import is_saved_dataset
     from lmforge.tasks.readers import load_labelled_dir
 
+    if is_saved_dataset(_need_dir(cfg)):
+        raise LMForgeError(f"{cfg.dir}: a save_to_disk dataset, not a labelled-set dir: use --data.source=datasets")
     return load_labelled_dir(_need_dir(cfg))
+
+
+def _datasets(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.tasks.hf_splits import read_dataset_splits
+
+    if cfg.dir is None:
+        raise LMForgeError("data.source=datasets needs --data.dir (a save_to_disk dir or hf:NAME[:CONFIG[:SPLIT]])")
+    label_field = None if cfg.target_field is not None else cfg.label_field  # a pair has a target, not a label
+    return read_dataset_splits(cfg.dir, cfg.text_field, label_field, cfg.text_pair_field, cfg.target_field)
 
 
 def _fetched(cfg: FtDataConfig) -> dict[str, Dataset]:
@@ -123,6 +137,7 @@ def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
     return out
 
 
+LABELLED_BY_USER = ("table", "dir", "datasets")  # sources whose label set data.labels may declare
 NAMED_SOURCES = ("bundled", "glue", "superglue", "fetched", "race", "wsc")  # data.name picks the set
 
 
@@ -132,6 +147,8 @@ def data_label(cfg: FtDataConfig) -> str:
     if cfg.source in NAMED_SOURCES:
         return cfg.name
     given = cfg.train or cfg.dir or cfg.dev or cfg.test
+    if given and cfg.source == "datasets" and given.startswith("hf:"):
+        return given[3:].split(":")[0]
     return Path(given).stem if given else cfg.source
 
 
@@ -147,6 +164,7 @@ SOURCES: dict[str, Callable[[FtDataConfig], dict[str, Dataset]]] = {
     "race": _race,
     "wsc": _wsc,
     "dpr": _dpr,
+    "datasets": _datasets,
 }
 
 
@@ -172,16 +190,17 @@ def load_splits(cfg: FtDataConfig, require_train: bool = True) -> dict[str, Data
     `require_train=False` (zero-shot evaluation) accepts sources without a training split (WSC273)."""
     if cfg.source not in SOURCES:
         raise LMForgeError(f"data.source: unknown source '{cfg.source}' (known: {', '.join(SOURCES)})")
-    if cfg.labels is not None and cfg.source not in ("table", "dir"):
+    if cfg.labels is not None and cfg.source not in LABELLED_BY_USER:
         raise LMForgeError(
-            f"data.labels applies to the table and dir sources, not {cfg.source} (its label set is known)"
+            f"data.labels applies to the table, dir and datasets sources, not {cfg.source} (its label set is known)"
         )
     splits = SOURCES[cfg.source](cfg)
     has_train = "train" in splits and bool(splits["train"].examples)
     if require_train and not has_train:
         raise LMForgeError(f"data ({cfg.source} {cfg.name}): no training examples")
-    if cfg.source in ("table", "dir"):  # a dir's meta.json states its label set, so only tables get warnings
-        splits = check_labels(splits, cfg.labels, cfg.min_label_count if cfg.source == "table" else 0)
+    if cfg.source in LABELLED_BY_USER:  # a dir's meta.json or a ClassLabel column states its label set: no warnings
+        stated = cfg.source == "dir" or cfg.source == "datasets" and any(d.labels for d in splits.values())
+        splits = check_labels(splits, cfg.labels, 0 if stated else cfg.min_label_count)
     if "dev" not in splits and has_train:
         train = splits["train"]
         cut = len(train.examples) - max(1, len(train.examples) // 10)
