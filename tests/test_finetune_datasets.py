@@ -49,6 +49,7 @@ def test_a_save_to_disk_dict_gives_its_splits_and_class_label_names(tmp_path: Pa
         NAMES[first["label"]],
     )
     assert {e.label for e in splits["test"].examples} == {None} and data_label(cfg) == "saved"
+    assert data_label(FtDataConfig(source="datasets", dir="runs/x/inputs/0")) == "inputs/0"  # saved by the API
     with pytest.raises(LMForgeError, match=r"saved/train: no column 'text' \(columns: sentence, label\)$"):
         load_splits(FtDataConfig(source="datasets", dir=str(tmp_path / "saved")))
     with pytest.raises(LMForgeError, match=r"^.*saved: a save_to_disk dataset, not a labelled-set dir: use "):
@@ -119,7 +120,7 @@ def test_finetune_on_a_live_dataset_dict_saves_it_into_the_run(tmp_path: Path) -
     assert (run / "eval_test.json").is_file()
 
 
-def test_pretrain_on_a_live_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pretrain_on_a_live_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """`lmforge.pretrain(..., {"data.inputs": [ds]})`: the Dataset is saved to RUN/inputs/0 and read from there."""
     monkeypatch.setenv("LMFORGE_TOKENIZER_CACHE", str(tmp_path / "tok-cache"))
     ds = datasets.Dataset.from_dict({"content": [e.text for e in T.sentiment(60, seed=2).examples]})
@@ -132,6 +133,13 @@ def test_pretrain_on_a_live_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert datasets.load_from_disk(str(run / "inputs" / "0"))["content"] == ds["content"]
     meta = json.loads((run / "data" / "meta.json").read_text())
     assert meta["sources"] == [str(run / "inputs" / "0")] and meta["train"]["n_docs"] + meta["val"]["n_docs"] == 60
+    more = {**over, "data.inputs": [ds.select(range(10))], "train.max_steps": 2}
+    capsys.readouterr()
+    assert lmforge.pretrain("gpt", more, run={"dir": str(run)}, resume=True).metrics
+    assert "at step 1" in capsys.readouterr().err and (run / "checkpoints" / "step_2").is_dir()  # resumed ...
+    assert (
+        datasets.load_from_disk(str(run / "inputs" / "0"))["content"] == ds["content"]
+    )  # ... on the copy it began with
     with pytest.raises(LMForgeError, match=r"^data.inputs: a streamed IterableDataset cannot be saved with the run; "):
         lmforge.pretrain("gpt", {**over, "data.inputs": [ds.to_iterable_dataset()]}, run={"dir": str(tmp_path / "x")})
     assert not (tmp_path / "x").exists()

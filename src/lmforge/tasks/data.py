@@ -147,8 +147,9 @@ def data_label(cfg: FtDataConfig) -> str:
     if cfg.source in NAMED_SOURCES:
         return cfg.name
     given = cfg.train or cfg.dir or cfg.dev or cfg.test
-    if given and cfg.source == "datasets" and given.startswith("hf:"):
-        return given[3:].split(":")[0]
+    if given and cfg.source == "datasets":  # hf:NAME by its name; a dataset the API saved in RUN/inputs/N as inputs/N
+        name = Path(given).name
+        return given[3:].split(":")[0] if given.startswith("hf:") else f"inputs/{name}" if name.isdigit() else name
     return Path(given).stem if given else cfg.source
 
 
