@@ -81,6 +81,15 @@ def test_one_dataset_plain_labels_floats_and_tags(tmp_path: Path, capsys: pytest
     )
     ex = tagged["train"].examples[0]
     assert tagged["train"].labels == ["O", "B-PER"] and (ex.tokens, ex.tags) == (["Ann", "ran"], ["B-PER", "O"])
+    short = {"tokens": [["Ann", "ran"], ["Bo", "sat"]], "ner": [[1, 0], [1]]}
+    datasets.Dataset.from_dict(short, features=tags).save_to_disk(tmp_path / "short")
+    with pytest.raises(LMForgeError, match=r"short: row 1: 2 tokens but 1 tags$"):
+        load_splits(
+            FtDataConfig(source="datasets", dir=str(tmp_path / "short"), text_field="tokens", label_field="ner")
+        )
+    datasets.Dataset.from_dict({"text": ["a", None], "label": ["x", "y"]}).save_to_disk(tmp_path / "null")
+    with pytest.raises(LMForgeError, match=r"null: row 1: column 'text' is null$"):
+        load_splits(FtDataConfig(source="datasets", dir=str(tmp_path / "null")))
 
 
 def test_hf_name_is_read_offline_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
