@@ -12,17 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from pathlib import Path
 
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-
 from lmforge.errors import LMForgeError
+from lmforge.eval.baselines import classification_baselines
 from lmforge.tasks.readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
-
-NGRAMS = ((1, 1), (1, 2), (1, 3))
-CS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 
 def load_set(name: str) -> dict:
@@ -39,41 +33,14 @@ def load_set(name: str) -> dict:
     return {k: ([e.text for e in ds.examples], [e.label for e in ds.examples]) for k, ds in splits.items()}
 
 
-def majority(train, dev, test) -> dict:
-    """Accuracy of always answering the training set's most frequent label."""
-    top = Counter(train[1]).most_common(1)[0][0]
-    return {"label": top, **{k: sum(y == top for y in s[1]) / len(s[1]) for k, s in (("dev", dev), ("test", test))}}
-
-
-def tfidf_lr(train, dev, test) -> dict:
-    """tf-idf (sublinear tf) + logistic regression, n-gram range and C picked by dev accuracy."""
-    best = {"dev": -1.0}
-    for ngrams in NGRAMS:
-        vec = TfidfVectorizer(ngram_range=ngrams, sublinear_tf=True)
-        x_train, x_dev = vec.fit_transform(train[0]), vec.transform(dev[0])
-        for c in CS:
-            clf = LogisticRegression(C=c, max_iter=3000).fit(x_train, train[1])
-            dev_acc = clf.score(x_dev, dev[1])
-            if dev_acc > best["dev"]:
-                test_acc = clf.score(vec.transform(test[0]), test[1])
-                best = {"dev": dev_acc, "test": test_acc, "ngrams": list(ngrams), "C": c}
-    return best
-
-
 def run(name: str, size: int = 0) -> dict:
     xy = load_set(name)
     missing = [s for s in ("train", "dev", "test") if s not in xy]
     if missing:
         raise LMForgeError(f"{name}: no {', '.join(missing)} split (the baselines choose on dev and report on test)")
-    train = (xy["train"][0][: size or None], xy["train"][1][: size or None])
-    return {
-        "set": name,
-        "train": len(train[0]),
-        "dev_n": len(xy["dev"][0]),
-        "test_n": len(xy["test"][0]),
-        "majority": majority(train, xy["dev"], xy["test"]),
-        "tfidf_lr": tfidf_lr(train, xy["dev"], xy["test"]),
-    }
+    xy["train"] = (xy["train"][0][: size or None], xy["train"][1][: size or None])
+    counts = {"train": len(xy["train"][0]), "dev_n": len(xy["dev"][0]), "test_n": len(xy["test"][0])}
+    return {"set": name, **counts, **classification_baselines(xy)}
 
 
 def main(argv: list[str] | None = None) -> None:

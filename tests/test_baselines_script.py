@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import baselines  # noqa: E402
 
+from lmforge.eval.baselines import CS, NGRAMS  # noqa: E402
+
 
 def _write_set(root: Path, pairs: bool = False) -> Path:
     """Two classes told apart by one word each, among shared filler; 3:1 more 'neg' than 'pos' in train."""
@@ -48,7 +50,7 @@ def test_baselines_of_a_labelled_dir(tmp_path, capsys):
     for r in rows:
         assert r["majority"]["label"] == "neg" and r["majority"]["test"] == pytest.approx(0.75)
         assert r["tfidf_lr"]["test"] == 1.0 and r["tfidf_lr"]["dev"] == 1.0
-        assert tuple(r["tfidf_lr"]["ngrams"]) in baselines.NGRAMS and r["tfidf_lr"]["C"] in baselines.CS
+        assert tuple(r["tfidf_lr"]["ngrams"]) in NGRAMS and r["tfidf_lr"]["C"] in CS
     assert "majority dev 75.0 test 75.0; tf-idf + LR dev 100.0 test 100.0" in capsys.readouterr().out
 
 

@@ -7,12 +7,15 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from training_testing import write_docs
 
 from lmforge.cli import main
+from lmforge.eval.baselines import classification_baselines
+from lmforge.tasks.readers import load_bundled
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -50,10 +53,19 @@ def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs, cap
     table = (out / "roberta-masking-tiny.md").read_text()
     assert "| arm | seeds | params | steps | tokens | FLOPs | epochs | val loss | sentiment dev accuracy |" in table
     data = json.loads((out / "roberta-masking-tiny.json").read_text())
-    assert [row["arm"] for row in data["rows"]] == ["static", "dynamic"]
+    assert [row["arm"] for row in data["rows"]] == ["static", "dynamic", "majority class", "tf-idf + LR"]
     runs = {x["name"]: x for x in data["runs"]}
     assert len(runs) == 8 and {x["state"] for x in runs.values()} == {"finished"}
-    for row in data["rows"]:
+    # The baselines, fitted on the 64 training and scored on the 32 dev snippets the fine-tunes used.
+    split = {k: ([e.text for e in ds.examples[:n]], [e.label for e in ds.examples[:n]])
+             for (k, ds), n in zip(load_bundled("sentiment").items(), (64, 32, 32))}  # fmt: skip
+    top = Counter(split["train"][1]).most_common(1)[0][0]  # ties: the label met first
+    majority, tfidf = data["rows"][2]["values"], data["rows"][3]["values"]
+    assert majority["sentiment dev accuracy"]["values"] == [100 * split["dev"][1].count(top) / 32]
+    want = classification_baselines(split)["tfidf_lr"]["dev"]
+    assert tfidf["sentiment dev accuracy"]["values"] == [pytest.approx(100 * want)]
+    assert "| majority class | 1 |" in table and "| tf-idf + LR | 1 |" in table
+    for row in data["rows"][:2]:
         losses = [metrics(out / "pretrain" / f"{row['arm']}-s{s}")[-1]["val_loss"] for s in (0, 1)]
         assert row["values"]["val loss"]["values"] == losses  # the table's numbers are the runs' own
         assert row["values"]["val loss"]["n"] == 2 and row["values"]["sentiment dev accuracy"]["n"] == 2

@@ -84,6 +84,49 @@ def build_rows(results: list[ArmResult]) -> tuple[list[Row], list[str]]:
     return list(rows.values()), columns
 
 
+BASELINES = {"majority": "majority class", "tfidf_lr": "tf-idf + LR"}
+
+
+def baseline_rows(results: list[ArmResult]) -> list[Row]:
+    """A row each for the majority class and tf-idf + LR (eval/baselines.py) with the dev and test accuracy of every
+    fine-tuned single-text classification task, fitted on the training examples its runs used; none without
+    scikit-learn (the `eval` extra)."""
+    from lmforge import extras
+    from lmforge.eval.baselines import classification_baselines
+
+    if not extras.available("sklearn"):
+        return []
+    runs: dict[str, Path] = {}
+    for r in results:
+        if r.arm.kind == "finetune" and r.final is not None:
+            runs.setdefault(r.arm.info["task"], Path(r.arm.run_dir))
+    rows = {key: Row(name, None, seeds=1) for key, name in BASELINES.items()}
+    for task, run_dir in runs.items():
+        splits = _single_text_classes(run_dir)
+        if splits is None:
+            continue
+        for key, got in classification_baselines(splits).items():
+            for split in ("dev", "test"):
+                if split in got:
+                    rows[key].cells[f"{task} {split} accuracy"] = [100 * got[split]]
+    return [row for row in rows.values() if row.cells]
+
+
+def _single_text_classes(run_dir: Path) -> dict | None:
+    """The splits a classification fine-tune read, as (texts, labels); None for other tasks or text pairs."""
+    from lmforge.tasks.config import load_finetune_config
+    from lmforge.tasks.data import load_splits
+
+    cfg = load_finetune_config(run_dir / "config.yaml")
+    if cfg.task.type != "classification":
+        return None
+    splits = load_splits(cfg.data)
+    examples = [e for ds in splits.values() for e in ds.examples]
+    if "dev" not in splits or any(e.text_pair is not None or not isinstance(e.label, str) for e in examples):
+        return None
+    return {k: ([e.text for e in ds.examples], [e.label for e in ds.examples]) for k, ds in splits.items()}
+
+
 def _short_init(init: str) -> str:
     return init if init == "none" or "/" not in init else Path(init).name
 
@@ -97,9 +140,10 @@ def pretrain_facts(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def render(exp: Experiment, results: list[ArmResult], budget: str) -> str:
-    """The markdown report: the description, the budget and the results table."""
+def render(exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = ()) -> str:
+    """The markdown report: the description, the budget and the results table (with the baselines' rows)."""
     rows, columns = build_rows(results)
+    rows += baselines
     facts = pretrain_facts(results)
     has_ft = any(row.init not in ("", row.name) for row in rows)  # an init column only when it says something
     epochs = any("epochs" in f for f in facts.values())
@@ -125,14 +169,19 @@ def render(exp: Experiment, results: list[ArmResult], budget: str) -> str:
                "validation loss (nats per predicted token; objectives score different tokens, so compare it only "
                "between arms of one objective).\n")  # fmt: skip
     out.append(markdown_table(heads, lines, "l" * (len(heads) - len(columns)) + "r" * len(columns)))
+    if baselines:
+        out.append("\nmajority class: the training examples' most frequent label; tf-idf + LR: tf-idf n-grams with "
+                   "logistic regression, n-gram range and C chosen on dev (`lmforge.eval.baselines`); both fitted on "
+                   "the examples the fine-tunes trained on.\n")  # fmt: skip
     if failed:
         out.append(f"\n**Failed, so missing from the table:** {', '.join(failed)} (their arm.log says why).\n")
     out.append(f"\n![loss curves](plots/{exp.name}-loss.png)\n\n![final metrics](plots/{exp.name}-metrics.png)\n")
     return "\n".join(out)
 
 
-def summary_json(exp: Experiment, results: list[ArmResult], budget: str) -> dict[str, Any]:
+def summary_json(exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = ()) -> dict[str, Any]:
     rows, columns = build_rows(results)
+    rows += baselines
     facts = pretrain_facts(results)
 
     def stats(values: list[float]) -> dict[str, Any]:
@@ -154,9 +203,10 @@ def write_report(exp: Experiment, results: list[ArmResult], budget: str) -> list
     """OUT/NAME.md, OUT/NAME.json, OUT/plots/NAME-loss.png and OUT/plots/NAME-metrics.png."""
     from lmforge.experiments.plots import loss_figure, metrics_figure, save_figure
 
+    baselines = baseline_rows(results)
     paths = [
-        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget)),
-        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget)),
+        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines)),
+        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines)),
     ]
     x_kind = "flops" if exp.budget is not None and exp.budget.kind == "flops" else "tokens"
     fig = loss_figure([r for r in results if r.arm.kind == "pretrain"], x_kind)
