@@ -463,7 +463,8 @@ def test_identical_weights_give_identical_weight_files(tmp_path):
     model = TinyLM()
     digests = {hash_file(_save(tmp_path / f"r{i}", 1, model) / WEIGHTS_FILE)[1] for i in range(12)}
     assert len(digests) == 1
-    with open(tmp_path / "r0" / "checkpoints" / "step_1" / WEIGHTS_FILE, "rb") as f:  # the file's order, not the reader's
+    # The order in the file's header, not the reader's (it returns a hash map).
+    with open(tmp_path / "r0" / "checkpoints" / "step_1" / WEIGHTS_FILE, "rb") as f:
         meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
     assert list(meta) == sorted(meta)
     loaded = TinyLM()
