@@ -19,9 +19,7 @@ try:
     from transformers import Trainer as _Trainer
     from transformers.trainer import TRAINING_ARGS_NAME
 except ImportError as e:  # transformers is an optional dependency of lmforge
-    raise ImportError(
-        "lmforge.hf_trainer needs transformers and accelerate: pip install -e '.[hf]'"
-    ) from e
+    raise ImportError("lmforge.hf_trainer needs transformers and accelerate: pip install -e '.[hf]'") from e
 
 from lmforge.models import Transformer
 from lmforge.tokenizers import Tokenizer
