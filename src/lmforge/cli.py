@@ -48,7 +48,7 @@ def _report_pretrain(trainer, final: dict) -> None:
             f"perplexity {math.exp(base):.1f})"
         )
     s = cfg.sample
-    if s.prompts and cfg.model.arch != "encoder":
+    if s.prompts and not cfg.model.is_encoder:
         model = trainer.raw_model
         if cfg.train.parallel == "fsdp":  # its shards' process group is gone: sample from the saved weights
             from lmforge.loading import load

@@ -70,10 +70,10 @@ class DecoderSteps:
 
     def max_steps(self, max_new_tokens: int) -> int:
         """New tokens that fit: learned positions end at max_seq_len (every output token needs a position)."""
-        cfg = self.model.config
-        if cfg.position != "learned":
+        limit = self.model.config.max_positions
+        if limit is None:
             return max_new_tokens
-        return max(0, min(max_new_tokens, cfg.max_seq_len - int(self.next_pos.max())))
+        return max(0, min(max_new_tokens, limit - int(self.next_pos.max())))
 
     def _logits(self, out) -> Tensor:
         return self.model.logits(out.last_hidden_state[:, -1])  # (N, V): the head runs on the last position only
@@ -123,10 +123,10 @@ class Seq2SeqSteps:
         self.cache = None
 
     def max_steps(self, max_new_tokens: int) -> int:
-        cfg = self.model.config
-        if cfg.position != "learned":
+        limit = self.model.config.max_positions
+        if limit is None:
             return max_new_tokens
-        return max(0, min(max_new_tokens, cfg.max_seq_len - 1))  # position 0 holds the start token
+        return max(0, min(max_new_tokens, limit - 1))  # position 0 holds the start token
 
     def start(self) -> Tensor:
         self.memory = self.model.encode(self.input_ids, self.enc_mask)
@@ -163,7 +163,7 @@ def decoding_steps(
 ) -> DecoderSteps | Seq2SeqSteps:
     """The decoding state for `model.config.arch`; raises LMForgeError for models that cannot generate."""
     cfg = model.config
-    if cfg.arch == "encoder" or not cfg.lm_head:
+    if cfg.is_encoder or not cfg.lm_head:
         raise LMForgeError(f"model '{cfg.name}' ({cfg.arch}) cannot generate: it needs a decoder with an LM head")
     if input_ids.dim() != 2:
         raise LMForgeError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
@@ -171,7 +171,7 @@ def decoding_steps(
         raise LMForgeError(
             f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}"
         )
-    cls = Seq2SeqSteps if cfg.arch == "encoder-decoder" else DecoderSteps
+    cls = Seq2SeqSteps if cfg.is_encoder_decoder else DecoderSteps
     return cls(model, input_ids, attention_mask)
 
 
@@ -302,7 +302,7 @@ def generate_text(
     tokenizers do: BOS (when the tokenizer has one) + text + EOS. A prompt longer than the model's max_seq_len
     raises (overlong="error") or is cut with a warning on stderr (overlong="truncate"; see `fit_prompt`)."""
     device = next(model.parameters()).device
-    seq2seq = model.config.arch == "encoder-decoder"
+    seq2seq = model.config.is_encoder_decoder
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
     ids = _prompt_ids(model.config, tokenizer, prompts, overlong, kw.get("max_new_tokens", 50), pad)
     T = max(len(x) for x in ids)
@@ -323,7 +323,7 @@ def _prompt_ids(cfg, tokenizer, prompts: list[str], overlong: Overlong, max_new_
     out = []
     for i, p in enumerate(prompts, start=1):
         ids, i = tokenizer.encode(p), (i if len(prompts) > 1 else None)
-        if cfg.arch == "encoder-decoder":
+        if cfg.is_encoder_decoder:
             bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
             eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
             text = fit_prompt(ids, cfg.max_seq_len, i, overlong, keep="first", reserve=len(bos) + len(eos))

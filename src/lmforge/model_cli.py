@@ -36,7 +36,7 @@ def cmd_model_info(preset: str, batch: int | None = None, seq: int | None = None
         print(f"{name}: {n:,} parameters ({n / 1e6:.1f}M; {n_body / 1e6:.1f}M non-embedding), {cfg.arch}, "
               f"d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, vocab_size={cfg.vocab_size}, "
               f"max_seq_len={cfg.max_seq_len}; {model_flops_per_token(cfg, T):.3g} training FLOPs/token at "
-              f"{T} tokens{' in and out' if cfg.arch == 'encoder-decoder' else ''}")  # fmt: skip
+              f"{T} tokens{' in and out' if cfg.is_encoder_decoder else ''}")  # fmt: skip
         if batch is not None:
             from lmforge.train.memory import memory_table
 

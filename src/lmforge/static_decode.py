@@ -33,7 +33,7 @@ def compile_mode(device: torch.device) -> str:
 def decode_step(model: nn.Module, tokens: Tensor, cache: StaticKVCache) -> Tensor:
     """Feed one token per row (N,) at the cache's slot; return next-token logits (N, V)."""
     positions = cache.positions()  # (N, 1)
-    if model.config.arch == "encoder-decoder":
+    if model.config.is_encoder_decoder:
         memory, enc_mask = (cache.extra + [None])[:2]
         out = model(
             tokens[:, None],  # the source ids are not read: the encoder output is given
@@ -74,7 +74,7 @@ class StaticSteps:
         self.inner = inner
         self.batch_size, self.device = inner.batch_size, inner.device
         n = inner.max_steps(max_new_tokens)
-        fed = inner.input_ids.shape[1] if inner.model.config.arch == "decoder" else 1  # prompt or start token
+        fed = inner.input_ids.shape[1] if inner.model.config.is_decoder else 1  # prompt or start token
         self.capacity = -(-(fed + n) // SLOT_MULTIPLE) * SLOT_MULTIPLE
         self.step_fn = decode_step if mode is None else compiled_step(mode)
         self.cache: StaticKVCache | None = None
@@ -87,7 +87,7 @@ class StaticSteps:
 
     def _build(self) -> StaticKVCache:
         inner = self.inner
-        if inner.model.config.arch == "decoder":
+        if inner.model.config.is_decoder:
             return StaticKVCache.build(inner.model, inner.cache, inner.mask, self.capacity)
         extra = (inner.memory,) if inner.enc_mask is None else (inner.memory, inner.enc_mask)
         return StaticKVCache.build(inner.model, inner.cache, None, self.capacity, extra)

@@ -77,11 +77,8 @@ class PromptStack(nn.Module):
         P = self.n_prompt
         first = cache is None or cache.length == 0
         cfg = self.base_layer.cfg
-        if cfg.position == "learned" and (cache.length if not first else P) + T > cfg.max_seq_len:
-            n = (cache.length if not first else P) + T
-            raise LMForgeError(
-                f"sequence of length {n} ({P} prompt tokens included) exceeds max_seq_len {cfg.max_seq_len}"
-            )
+        n = (cache.length if not first else P) + T
+        cfg.check_length(n, f"sequence of length {{n}} ({P} prompt tokens included) exceeds max_seq_len {{limit}}")
         positions = positions + P
         if first:
             x = torch.cat([self.prompt.to(x.dtype).expand(B, -1, -1), x], dim=1)  # (B, P + T, E)
@@ -154,13 +151,13 @@ def apply_prompt(model: nn.Module, options: PromptOptions | None = None) -> nn.M
     freeze(model)
     sites = []
     for t_name, t in named_transformers(model):
-        arch = t.config.arch
-        name = "decoder" if arch == "decoder" else "encoder"
-        wrapper = PromptStack(getattr(t, name), _initial_prompt(t.tok_emb, o), keep_outputs=arch == "encoder-decoder")
+        cfg = t.config
+        name = cfg.input_stack
+        wrapper = PromptStack(getattr(t, name), _initial_prompt(t.tok_emb, o), keep_outputs=cfg.is_encoder_decoder)
         setattr(t, name, wrapper)
-        if arch == "decoder":
+        if cfg.is_decoder:
             t.register_forward_pre_hook(_real_positions(o.n_prompt), with_kwargs=True)
-        if arch == "encoder-decoder":
+        if cfg.is_encoder_decoder:
             t.decoder.register_forward_pre_hook(_memory_padding(o.n_prompt), with_kwargs=True)
         sites.append(f"{t_name}.{name}".lstrip("."))
     train_extras(model, o)

@@ -94,10 +94,10 @@ def packed_hidden(model: nn.Module, input_ids: Tensor, segment_ids: Tensor, posi
     biases: ALiBi, relative buckets); RoPE and learned positions use the restarted `position_ids`."""
     core = unwrap_model(model)
     cfg = core.config
-    if cfg.arch != "decoder" or cfg.mask != "causal":
+    if not cfg.is_decoder or cfg.mask != "causal":
         raise LMForgeError(f"packing needs a causal decoder, got arch '{cfg.arch}' with mask '{cfg.mask}'")
-    if cfg.position == "learned" and int(position_ids.max()) >= cfg.max_seq_len:
-        raise LMForgeError(f"a packed example is longer than the model's max_seq_len {cfg.max_seq_len}")
+    if cfg.max_positions is not None:  # only then: reading the largest position id syncs with the device
+        cfg.check_length(int(position_ids.max()) + 1, "a packed example is longer than the model's max_seq_len {limit}")
     stack = core.decoder
     h = stack.embed(core.tok_emb(input_ids), position_ids, None)  # (B, T, d)
     # The stack's own attention inputs (causal mask and any position bias), then the document mask on top.

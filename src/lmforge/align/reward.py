@@ -22,7 +22,7 @@ class RewardModel(nn.Module):
     def __init__(self, backbone: nn.Module) -> None:
         super().__init__()
         cfg = backbone.config
-        if cfg.arch != "decoder":
+        if not cfg.is_decoder:
             raise LMForgeError(f"a reward model needs a decoder backbone, got arch '{cfg.arch}'")
         self.backbone = backbone
         self.head = nn.Linear(cfg.d_model, 1)

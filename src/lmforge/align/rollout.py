@@ -4,7 +4,7 @@ advantages — the rollout — then handed to the one training loop as minibatch
 `RolloutSource` is the loop's batch source: each loop step is one PPO update on one minibatch. When a rollout's
 minibatches are used up, the next call samples a new rollout with the policy as it is then — so the source must
 run in the training step (`train.prefetch` 0), never ahead of it. It is resumable: its state holds the prompt
-order, the rollout count, the position inside the rollout, the KL coefficient and the current rollout itself
+order, the rollout count, the index within the rollout, the KL coefficient and the current rollout itself
 (CPU tensors), so a run killed mid-rollout continues with the same minibatches; the next rollout's sampling
 noise is seeded by (seed, rank, rollout number)."""
 

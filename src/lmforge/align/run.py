@@ -88,8 +88,8 @@ def _policy(cfg: AlignConfig, train_items: list, device: torch.device):
     when its positions are learned (they end there)."""
     m = cfg.model
     model, tok = initial_model(m.init, lambda: _texts(train_items), m.tokenizer, m.vocab_size)
-    if model.config.position == "learned" and m.max_len > model.config.max_seq_len:
-        m.max_len = model.config.max_seq_len
+    if model.config.max_positions is not None and m.max_len > model.config.max_positions:
+        m.max_len = model.config.max_positions
     if m.template == "chat" and m.role_tokens:
         add_role_tokens(model, tok)
     pad = tok.pad_id if tok.pad_id is not None else tok.eos_id

@@ -80,9 +80,9 @@ class ShuffledBatches:
         self.epoch, self.index, self._order = int(state["epoch"]), int(state["batch"]), None
 
 
-def _check_decoder(arch: str, init: str) -> None:
-    if arch != "decoder":
-        raise LMForgeError(f"alignment needs a decoder model, '{init}' is arch '{arch}'")
+def _check_decoder(cfg, init: str) -> None:
+    if not cfg.is_decoder:
+        raise LMForgeError(f"alignment needs a decoder model, '{init}' is arch '{cfg.arch}'")
 
 
 def initial_model(init: str, texts: Callable[[], list[str]], tokenizer: str | None = None, vocab_size: int = 2048):
@@ -95,7 +95,7 @@ def initial_model(init: str, texts: Callable[[], list[str]], tokenizer: str | No
 
     if Path(init).exists():
         model, tok = load(init)
-        _check_decoder(model.config.arch, init)
+        _check_decoder(model.config, init)
         if tok is None:
             if tokenizer is None:
                 raise LMForgeError(f"{init} has no tokenizer lmforge can read: set model.tokenizer")
@@ -104,7 +104,7 @@ def initial_model(init: str, texts: Callable[[], list[str]], tokenizer: str | No
     if init not in MODELS:
         raise LMForgeError(f"model.init: '{init}' is neither a run/checkpoint/model dir nor a model preset")
     base = get_preset(init)
-    _check_decoder(base.arch, init)
+    _check_decoder(base, init)
     if tokenizer:
         tok = Tokenizer.load(Path(tokenizer))
     else:

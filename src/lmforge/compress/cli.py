@@ -61,7 +61,7 @@ def cmd_quantize(path: str, seq_len: int = 64, runs: int = 10, threads: int = 1)
 
 
 def _logits(model, x):
-    kw = {"decoder_input_ids": x} if model.config.arch == "encoder-decoder" else {}
+    kw = {"decoder_input_ids": x} if model.config.is_encoder_decoder else {}
     return model(x, **kw).logits
 
 

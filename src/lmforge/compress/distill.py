@@ -97,7 +97,7 @@ def _transformer(model: nn.Module) -> nn.Module:
 
 
 def _stack_layers(cfg, stack: str, layers: list[int] | None) -> list[int]:
-    n = cfg.n_layers if stack == "encoder" or cfg.arch != "encoder-decoder" else cfg.decoder_layers
+    n = cfg.n_layers if stack == "encoder" or not cfg.is_encoder_decoder else cfg.decoder_layers
     chosen = list(range(0, n, 2)) if layers is None else list(layers)
     if not chosen or any(not 0 <= i < n for i in chosen) or sorted(set(chosen)) != chosen:
         raise LMForgeError(f"student layers {chosen} must be increasing, distinct indices of the {n} {stack} layers")
@@ -120,7 +120,7 @@ def init_student_from_teacher(teacher: nn.Module, layers: list[int] | None = Non
     picks = {s: _stack_layers(cfg, s, layers) for s in stacks}
     n_enc = len(picks.get("encoder", picks.get("decoder")))
     over = {"n_layers": n_enc}
-    if cfg.arch == "encoder-decoder":
+    if cfg.is_encoder_decoder:
         over["n_decoder_layers"] = len(picks["decoder"])
     student = Transformer(dataclasses.replace(cfg, **over))
     source = core.state_dict()

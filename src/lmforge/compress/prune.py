@@ -127,7 +127,7 @@ def remove_heads(model: nn.Module, heads: HeadSet) -> None:
     T5 buckets) would no longer match, so those models are refused. The model's config keeps its original
     n_heads: a model with removed heads is for in-memory inference and fine-tuning, not for saving."""
     cfg = model.config
-    if cfg.position in ("alibi", "t5_bias"):
+    if cfg.position_scheme.per_head_bias:
         raise LMForgeError(f"removing heads is not supported with per-head position biases ({cfg.position})")
     if cfg.share_layers:
         raise LMForgeError("removing heads of ALBERT-style shared layers would remove them from every layer")

@@ -70,11 +70,11 @@ class LM:
 
     def __init__(self, model, tokenizer, batch_size: int = 16, device: str | torch.device | None = None) -> None:
         cfg = model.config
-        if cfg.arch == "encoder" or not cfg.lm_head:
+        if cfg.is_encoder or not cfg.lm_head:
             raise LMForgeError(f"model '{cfg.name}' ({cfg.arch}) cannot score text: it needs an LM head on a decoder")
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.seq2seq = cfg.arch == "encoder-decoder"
+        self.seq2seq = cfg.is_encoder_decoder
         self.max_len = cfg.max_seq_len
         tok = tokenizer
         self.prefix_id = next((i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None), 0)

@@ -44,7 +44,7 @@ def evaluate_with_memory(
 ) -> MemoryEval:
     """Mean loss of a Transformer-XL decoder over consecutive segments of a prepared split, carrying memory."""
     cfg = model.config
-    if cfg.position != "xl" or cfg.arch != "decoder":
+    if not cfg.position_scheme.recurrent or not cfg.is_decoder:
         raise LMForgeError(f"model '{cfg.name}' is not a Transformer-XL decoder (model.position='xl', arch decoder)")
     device = next(model.parameters()).device
     was_training = model.training

@@ -46,7 +46,7 @@ def _first_block_states(model: Transformer, stack: torch.nn.Module, n: int, n_sa
     training = model.training
     model.eval()
     try:
-        if cfg.arch == "decoder":
+        if cfg.is_decoder:
             prefix = torch.zeros(n_samples, dtype=torch.long, device=device) if cfg.mask == "prefix" else None
             model(ids, prefix_len=prefix, return_logits=False)
         else:
@@ -64,15 +64,14 @@ def position_representations(
 ) -> tuple[Tensor, str]:
     """(n_positions, dim) float32 representations of positions 0..n-1 and a description of their source."""
     cfg = model.config
-    stack_name = "decoder" if cfg.arch == "decoder" else "encoder"
+    stack_name = cfg.input_stack
     stack = getattr(model, stack_name)
     n = n_positions or cfg.max_seq_len
-    if cfg.position == "learned":
-        if n > cfg.max_seq_len:
-            raise LMForgeError(f"n_positions={n} exceeds the learned table's max_seq_len {cfg.max_seq_len}")
+    if cfg.position_scheme.learned_table:
+        cfg.check_length(n, "n_positions={n} exceeds the learned table's max_seq_len {limit}")
         rows = stack.pos_emb.emb.weight[cfg.position_offset : cfg.position_offset + n]  # (n, E)
         return rows.detach().float().cpu(), f"{stack_name} learned position table"
-    if cfg.position == "sinusoidal":
+    if cfg.position_scheme.absolute_table:  # not learned: the fixed sinusoid table
         return sinusoidal_table(n, cfg.embedding_dim or cfg.d_model), "sinusoidal position table"
     states = _first_block_states(model, stack, n, n_samples, seed).cpu()
     return states, f"{stack_name} first-block hidden states ({cfg.position} positions, {n_samples} random inputs)"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lmforge.config_types import NonNegInt, OpenFraction, PosFloat, check_ranges
+from lmforge.models.position_schemes import POSITION_SCHEMES, PositionScheme
 
 Arch = Literal["decoder", "encoder", "encoder-decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -184,6 +185,61 @@ class ModelConfig:
     @property
     def gated(self) -> bool:
         return self.activation in ("swiglu", "geglu")
+
+    # --- architecture facts: code outside models/ asks these instead of comparing `arch` to a string ---------
+
+    @property
+    def is_decoder(self) -> bool:
+        """Decoder-only: one causal (or prefix-LM) stack, `model.decoder`."""
+        return self.arch == "decoder"
+
+    @property
+    def is_encoder(self) -> bool:
+        """Encoder-only: one bidirectional stack, `model.encoder`."""
+        return self.arch == "encoder"
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """Two stacks: a bidirectional encoder and a causal decoder with cross-attention."""
+        return self.arch == "encoder-decoder"
+
+    @property
+    def has_encoder(self) -> bool:
+        """There is a bidirectional encoder stack (encoder-only or encoder-decoder)."""
+        return not self.is_decoder
+
+    @property
+    def has_decoder(self) -> bool:
+        """There is a causal decoder stack (decoder-only or encoder-decoder): with an LM head, the model generates."""
+        return not self.is_encoder
+
+    @property
+    def input_stack(self) -> str:
+        """The `Transformer` attribute of the stack that reads `input_ids`: "decoder" for decoder-only models,
+        "encoder" otherwise."""
+        return "decoder" if self.is_decoder else "encoder"
+
+    # --- position facts: from the scheme's row in `POSITION_SCHEMES`, never a string compared outside models/ ---
+
+    @property
+    def position_scheme(self) -> PositionScheme:
+        """The facts of `position` (models/position_schemes.py)."""
+        return POSITION_SCHEMES[self.position]
+
+    @property
+    def max_positions(self) -> int | None:
+        """How many positions the model can encode: max_seq_len for learned positions, None when unbounded."""
+        return self.position_scheme.max_positions(self.max_seq_len)
+
+    def check_length(self, n: int, message: str = "sequence of length {n} exceeds max_seq_len {limit}") -> None:
+        """LMForgeError(message formatted with n and the limit) when n positions exceed `max_positions`.
+
+        n is a Python int: checking tensor values would sync with the device."""
+        limit = self.max_positions
+        if limit is not None and n > limit:
+            from lmforge.errors import LMForgeError
+
+            raise LMForgeError(message.format(n=n, limit=limit))
 
     def validate(self) -> None:
         """Raise LMForgeError for inconsistent fields."""

@@ -59,7 +59,7 @@ class Spans:
     """Text-infilling spans of a batch, in left-to-right order per row; K spans per row at most."""
 
     start: Tensor
-    """(B, K) position in the original row where the span begins (a 0-length span inserts before it; 0..L)."""
+    """(B, K) index into the original row where the span begins (a 0-length span inserts before it; 0..L)."""
     length: Tensor
     """(B, K) tokens the span covers."""
     valid: Tensor
@@ -170,7 +170,7 @@ class BartDenoising(Objective):
         m = cfg.model
         self.pad_id, self.start_id = m.pad_id, m.decoder_start_id
         # Learned positions end at max_seq_len: a source grown by 0-length spans is cut there.
-        self.max_source = m.max_seq_len if m.position == "learned" else None
+        self.max_source = m.max_positions
         self.sentence_end = sentence_end_table(tokenizer, m.vocab_size) if o.permute else None
         self.ordinary = ordinary_ids(tokenizer, m.vocab_size) if o.random_rate > 0 else None
 

@@ -131,7 +131,7 @@ class Electra(MaskedObjective):
     """The network `lmforge.load(run)` returns (the model section of the run's config describes it)."""
 
     def build_model(self, model_cfg) -> nn.Module:
-        if model_cfg.arch != "encoder" or not model_cfg.rtd_head:
+        if not model_cfg.is_encoder or not model_cfg.rtd_head:
             raise LMForgeError(
                 "objective 'electra' trains a discriminator: the model needs arch 'encoder' and model.rtd_head=true "
                 "(e.g. --model.preset=electra-tiny)"

@@ -24,12 +24,13 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.models.lm_head import cross_entropy
+from lmforge.models.position_schemes import POSITION_SCHEMES
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective
 from lmforge.registry import OBJECTIVES
 
-ABSOLUTE_OR_ROTARY = ("learned", "sinusoidal", "rope", "none")
+ABSOLUTE_OR_ROTARY = tuple(name for name, s in POSITION_SCHEMES.items() if s.per_token)
 """Position kinds that take each token's own position, so a shortened input keeps its original positions."""
 UNUSED_HEADS = ("lm_head", "pooler", "nsp_head", "rtd_head", "mtp_heads")
 
@@ -107,8 +108,7 @@ class MAELMModel(nn.Module):
         N masked positions, in row-major order."""
         masked = labels != M.IGNORE  # (B, T)
         cfg = self.config
-        if cfg.position == "learned" and masked.shape[1] > cfg.max_seq_len:  # checked on Python ints
-            raise LMForgeError(f"sequence of length {masked.shape[1]} exceeds max_seq_len {cfg.max_seq_len}")
+        cfg.check_length(masked.shape[1])  # checked on Python ints
         h = self.encoder(input_ids, attention_mask, position_ids=position_ids, return_logits=False)
         x = self.decoder_inputs(h.last_hidden_state, position_ids, attention_mask.bool(), masked)
         pos = torch.arange(masked.shape[1], device=x.device)
@@ -132,11 +132,11 @@ class MAELM(MaskedObjective):
         """What pads the shortened encoder rows (never attended to, and never [MASK])."""
 
     def build_model(self, model_cfg) -> nn.Module:
-        if model_cfg.arch != "encoder":
+        if not model_cfg.is_encoder:
             raise LMForgeError(f"objective 'mae-lm' pretrains an encoder, not arch '{model_cfg.arch}'")
-        if model_cfg.position not in ABSOLUTE_OR_ROTARY:
+        if not model_cfg.position_scheme.per_token:
             raise LMForgeError(
-                f"objective 'mae-lm' keeps each token's own position in a shortened input: model.position must be "
+                f"objective 'mae-lm' keeps each token's own position id in a shortened input: model.position must be "
                 f"one of {', '.join(ABSOLUTE_OR_ROTARY)}, not '{model_cfg.position}'"
             )
         if (model_cfg.embedding_dim or model_cfg.d_model) != model_cfg.d_model:

@@ -38,7 +38,7 @@ class MultiTokenPrediction(Objective):
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)
         m = cfg.model
-        if m.arch != "decoder" or m.mtp_heads < 1:
+        if not m.is_decoder or m.mtp_heads < 1:
             raise LMForgeError(
                 "objective 'mtp' trains a decoder with multi-token prediction heads: set model.mtp_heads >= 1 "
                 "(e.g. --model.mtp_heads=2, or --model.preset=gpt-mtp-tiny)"

@@ -51,7 +51,7 @@ class PrefixLM(Objective):
         super().__init__(cfg, tokenizer)
         o: PrefixLMOptions = self.options
         m = cfg.model
-        if m.arch != "decoder":
+        if not m.is_decoder:
             raise LMForgeError(
                 f"objective 'prefix_lm' trains decoder-only models, got model.arch='{m.arch}' "
                 "(an encoder-decoder trains a prefix LM with objective t5 and objective.style=prefix_lm)"

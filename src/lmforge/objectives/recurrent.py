@@ -48,7 +48,7 @@ class RecurrentObjective(Objective):
 
     def check_model(self, model_cfg) -> None:
         """LMForgeError unless the model has Transformer-XL relative attention."""
-        if model_cfg.position != "xl":
+        if not model_cfg.position_scheme.recurrent:
             raise LMForgeError(
                 f"objective '{self.name}' needs a model with model.position='xl' (e.g. --model.preset="
                 f"{'xlnet' if self.name == 'xlnet' else 'transformer-xl'}-tiny), got position '{model_cfg.position}'"

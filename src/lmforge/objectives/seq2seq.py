@@ -96,7 +96,7 @@ def check_seq2seq_model(model_cfg, objective: str) -> None:
     """Raise a one-line error when the objective's model is not an encoder-decoder with an LM head."""
     from lmforge.errors import LMForgeError
 
-    if model_cfg.arch != "encoder-decoder" or not model_cfg.lm_head:
+    if not model_cfg.is_encoder_decoder or not model_cfg.lm_head:
         raise LMForgeError(
             f"objective '{objective}' trains an encoder-decoder with an LM head, got model.arch='{model_cfg.arch}' "
             "(use e.g. --model.preset=bart-tiny or t5-tiny)"

@@ -23,7 +23,7 @@ class TransformerXL(RecurrentObjective):
     language_model = True
 
     def build_model(self, model_cfg) -> nn.Module:
-        if model_cfg.arch != "decoder":
+        if not model_cfg.is_decoder:
             raise LMForgeError(f"objective 'transformer_xl' needs a decoder (model.arch is '{model_cfg.arch}')")
         return super().build_model(model_cfg)
 

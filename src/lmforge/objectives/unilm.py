@@ -119,7 +119,7 @@ class UniLM(MaskedObjective):
                 "objective 'unilm' needs a tokenizer with distinct [CLS], [SEP] and [PAD] tokens "
                 "(data.tokenizer_family: bert or bart)"
             )
-        if cfg.model.arch != "encoder":
+        if not cfg.model.is_encoder:
             raise LMForgeError(f"objective 'unilm' trains one bidirectional encoder, got model.arch='{cfg.model.arch}'")
         self.span_probs = None
         if self.options.span_frac:

@@ -69,7 +69,7 @@ class XLNet(RecurrentObjective):
     Options = XLNetOptions
 
     def build_model(self, model_cfg) -> nn.Module:
-        if model_cfg.arch != "encoder" or not model_cfg.two_stream or not model_cfg.lm_head:
+        if not model_cfg.is_encoder or not model_cfg.two_stream or not model_cfg.lm_head:
             raise LMForgeError(
                 "objective 'xlnet' needs an encoder with two-stream attention and an LM head (e.g. "
                 "--model.preset=xlnet-tiny)"

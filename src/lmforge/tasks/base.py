@@ -88,8 +88,8 @@ class Task:
             add_task_tokens(backbone, self.tokenizer)
         self.framer = make_framer(self.fmt, self.tokenizer, cfg.type_vocab_size)
         self.max_len = self.options.max_len
-        if cfg.position == "learned":  # learned positions end at max_seq_len (bart: the decoder start takes one)
-            self.max_len = min(self.max_len, cfg.max_seq_len - (1 if self.fmt == "bart" else 0))
+        if cfg.max_positions is not None:  # learned positions end at max_seq_len (bart: the decoder start takes one)
+            self.max_len = min(self.max_len, cfg.max_positions - (1 if self.fmt == "bart" else 0))
         self.arch = cfg.arch
         return TaskModel(backbone, self.make_head(cfg), self.fmt)
 

@@ -159,7 +159,7 @@ def peft_adapter(model: TaskModel, base: TaskModel, exported: HFTaskModel, base_
 
 
 def _lm_task_type(model: TaskModel) -> str:
-    return "SEQ_2_SEQ_LM" if model.config.arch == "encoder-decoder" else "CAUSAL_LM"
+    return "SEQ_2_SEQ_LM" if model.config.is_encoder_decoder else "CAUSAL_LM"
 
 
 def _base_names(exported: HFTaskModel) -> list[str]:

@@ -103,7 +103,7 @@ def _base(hf_sd: StateDict, model_type: str, keep_pooler: bool, pooler: str | No
 def _sequence_head(conv, model: TaskModel, sd: StateDict) -> None:
     """The classifier tensors of a sequence head (and its pooler), added to `sd`."""
     cfg, head, mt = model.config, model.head, conv.model_type
-    if cfg.arch == "decoder":
+    if cfg.is_decoder:
         if model.fmt != "gpt":
             raise LMForgeError(f"cannot export to Hugging Face: format '{model.fmt}' does not pool the last token")
         norm = "transformer.ln_f" if cfg.final_norm else f"transformer.h.{cfg.n_layers - 1}.ln_2"
@@ -130,7 +130,7 @@ def _sequence_head(conv, model: TaskModel, sd: StateDict) -> None:
 
 def _check_supported(model: TaskModel, model_type: str, kind: str) -> None:
     why = REFUSED.get((model_type, kind))
-    if why is None and model.config.arch == "encoder-decoder" and (model_type != "t5" or model.fmt == "bart"):
+    if why is None and model.config.is_encoder_decoder and (model_type != "t5" or model.fmt == "bart"):
         why = f"the fine-tuned head reads the {'decoder' if model.fmt == 'bart' else 'encoder'} of {model_type}"
     if why is None and model_type not in FAMILY:
         why = f"lmforge exports no {model_type} task heads"
@@ -163,7 +163,7 @@ def task_to_hf(task, model: TaskModel) -> HFTaskModel:
         _linear(sd, "qa_outputs", head.out)
     suffix, auto = KINDS[kind]
     hf_cfg = {**hf_cfg, "architectures": [FAMILY[conv.model_type] + suffix], **label_fields(task, kind)}
-    if model.config.arch == "decoder":
+    if model.config.is_decoder:
         hf_cfg["pad_token_id"] = task.pad_id  # GPT2ForSequenceClassification pools the last token that is not pad
     if conv.model_type == "t5":
         hf_cfg["is_encoder_decoder"] = False
@@ -206,7 +206,7 @@ def generation_config(task, cfg) -> dict:
     o, tok = task.options, task.tokenizer
     gen = {"num_beams": o.num_beams, "max_new_tokens": o.max_new_tokens, "length_penalty": o.length_penalty,
            "do_sample": False, "eos_token_id": tok.eos_id, "pad_token_id": task.pad_id}  # fmt: skip
-    if cfg.arch == "encoder-decoder":
+    if cfg.is_encoder_decoder:
         gen["decoder_start_token_id"] = cfg.decoder_start_id
     if tok.bos_id is not None:
         gen["bos_token_id"] = tok.bos_id
@@ -221,8 +221,8 @@ def framed_backend(task, model: TaskModel):
 
     backend = tokenizers.Tokenizer.from_str(task.tokenizer.backend.to_str())
     if model.head is None:  # generating tasks: the source as Seq2Seq frames it (decoder-only: bare text)
-        bos = [task.tokenizer.bos_id] if model.config.arch == "encoder-decoder" and task.tokenizer.bos_id else []
-        eos = [task.tokenizer.eos_id] if model.config.arch == "encoder-decoder" and task.tokenizer.eos_id else []
+        bos = [task.tokenizer.bos_id] if model.config.is_encoder_decoder and task.tokenizer.bos_id else []
+        eos = [task.tokenizer.eos_id] if model.config.is_encoder_decoder and task.tokenizer.eos_id else []
         start, mid, end, segments = bos, eos, eos, False
     else:
         f = task.framer
@@ -254,7 +254,7 @@ def write_task_tokenizer(task, model: TaskModel, out: Path) -> None:
     tok_cfg = json.loads(path.read_text(encoding="utf-8"))
     if "pad_token" not in tok_cfg:
         tok_cfg["pad_token"] = task.tokenizer.id_to_token(task.pad_id)
-    if model.config.arch == "decoder" and model.head is None:
+    if model.config.is_decoder and model.head is None:
         tok_cfg["padding_side"] = "left"  # decoder-only generation continues the prompt's last token
     path.write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 

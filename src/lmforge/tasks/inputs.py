@@ -29,15 +29,15 @@ GPT_TOKENS = ("<|start|>", "<|delim|>", "<|extract|>")
 POOL_BY_FORMAT = {"gpt": "last", "bert": "first", "encoder_mean": "mean", "bart": "last"}
 
 
+# "auto" format by model.arch (encoder-decoders: by the tokenizer, see `resolve_format`).
+AUTO_FORMAT = {"decoder": "gpt", "encoder": "bert"}
+
+
 def resolve_format(fmt: str, arch: str, tokenizer) -> str:
     """The concrete format for `fmt` ("auto": gpt for decoders, bert for encoders, bart for encoder-decoders with
     a BOS token (BART), encoder_mean otherwise (T5)); raises for a format the architecture cannot run."""
     if fmt == "auto":
-        if arch == "decoder":
-            return "gpt"
-        if arch == "encoder":
-            return "bert"
-        return "bart" if tokenizer.bos_id is not None else "encoder_mean"
+        return AUTO_FORMAT.get(arch) or ("bart" if tokenizer.bos_id is not None else "encoder_mean")
     allowed = {"gpt": ("decoder",), "bart": ("encoder-decoder",)}.get(fmt, ("encoder", "encoder-decoder"))
     if arch not in allowed:
         raise LMForgeError(f"task.format '{fmt}' needs a model of arch {' or '.join(allowed)}, got '{arch}'")

@@ -55,16 +55,16 @@ class TaskModel(nn.Module):
             ids, mask = ids.flatten(0, 1), mask.flatten(0, 1)
             types = types.flatten(0, 1) if types is not None else None
         types = types if cfg.type_vocab_size else None
-        if cfg.arch == "encoder-decoder" and self.fmt in ("bert", "encoder_mean"):
+        if cfg.is_encoder_decoder and self.fmt in ("bert", "encoder_mean"):
             return self.backbone.encode(ids, mask, types), mask, None
-        if cfg.arch == "encoder-decoder":
+        if cfg.is_encoder_decoder:
             dec, dec_mask = batch.get("decoder_input_ids"), batch.get("decoder_attention_mask")
             if dec is None:  # BART §3.1: the decoder reads the same sequence after its start token
                 start = torch.full_like(ids[:, :1], cfg.decoder_start_id)
                 dec, dec_mask = torch.cat([start, ids], 1), torch.cat([torch.ones_like(mask[:, :1]), mask], 1)
             out = self.backbone(ids, mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask, return_logits=False)
             return out.last_hidden_state, dec_mask, None
-        prefix = 0 if cfg.arch == "decoder" and cfg.mask == "prefix" else None
+        prefix = 0 if cfg.is_decoder and cfg.mask == "prefix" else None
         out = self.backbone(ids, mask, token_type_ids=types, prefix_len=prefix, return_logits=False)
         return out.last_hidden_state, mask, out.pooled
 

@@ -68,11 +68,12 @@ class Seq2Seq(Task):
 
     def build(self, backbone) -> TaskModel:
         cfg = backbone.config
-        if cfg.arch == "encoder" or not cfg.lm_head:
+        if not cfg.has_decoder or not cfg.lm_head:
             raise LMForgeError(f"task '{self.name}' needs a decoder or encoder-decoder model with an LM head")
         self.fmt, self.arch, self.max_len = "text", cfg.arch, self.options.max_len
-        if cfg.position == "learned":
-            self.max_len = min(self.max_len, cfg.max_seq_len)
+        self.decoder_only = cfg.is_decoder
+        if cfg.max_positions is not None:
+            self.max_len = min(self.max_len, cfg.max_positions)
         self.start_id = cfg.decoder_start_id
         self._tail = len(self.encode(template_tail(self.options.template)))
         return TaskModel(backbone, None, "text")
@@ -86,7 +87,7 @@ class Seq2Seq(Task):
 
     def source_ids(self, ex: Example, budget: int, where: str | None = None) -> list[int]:
         ids = self.encode(render(self.options.template, ex))
-        if self.arch == "decoder":
+        if self.decoder_only:
             self.n_truncated += self.check_length(len(ids), budget, where or f"example {ex.id}")
             return fit(ids, budget, self._tail)
         bos = [self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else []
@@ -100,13 +101,13 @@ class Seq2Seq(Task):
         return ex.target
 
     def target_ids(self, text: str) -> list[int]:
-        prefix = self.options.target_prefix if self.arch == "decoder" else ""
+        prefix = self.options.target_prefix if self.decoder_only else ""
         return self.encode(prefix + text)[: self.options.max_target_len - len(self.eos)] + self.eos
 
     def pair_feature(self, src: list[int], tgt: list[int]) -> dict:
         """Teacher-forcing inputs for a source and a target ending in EOS: `labels` hold the target at the
         positions the LM head predicts it from (decoder-only: shifted inside `token_logprobs`)."""
-        if self.arch == "decoder":
+        if self.decoder_only:
             return {"input_ids": src + tgt, "labels": [-100] * len(src) + tgt}
         return {"input_ids": src, "decoder_input_ids": [self.start_id] + tgt[:-1], "labels": tgt}
 
@@ -115,7 +116,7 @@ class Seq2Seq(Task):
         for i, ex in enumerate(dataset.examples):
             where = f"{dataset.source or 'data'} example {ex.id or i}"
             tgt = self.target_ids(self.target_text(ex, where)) if (train or ex.target is not None) else self.eos
-            budget = self.max_len - (len(tgt) if self.arch == "decoder" else 0)
+            budget = self.max_len - (len(tgt) if self.decoder_only else 0)
             src = self.source_ids(ex, budget, where)
             feats.append({**self.pair_feature(src, tgt), "_prompt": src})
         return feats
@@ -124,7 +125,7 @@ class Seq2Seq(Task):
         """Features of the sources alone, for scoring or generation (decoder-only sources leave room for
         `target_len` target tokens)."""
         where = dataset.source or "data"
-        budget = self.max_len - (target_len if self.arch == "decoder" else 0)
+        budget = self.max_len - (target_len if self.decoder_only else 0)
         return [{"input_ids": (src := self.source_ids(ex, budget, f"{where} example {ex.id or i}")), "_prompt": src}
                 for i, ex in enumerate(dataset.examples)]  # fmt: skip
 
@@ -133,7 +134,7 @@ class Seq2Seq(Task):
         out = model(batch)
         labels = batch["labels"]
         hidden = out.hidden
-        if self.arch == "decoder":  # position t predicts token t + 1
+        if self.decoder_only:  # position t predicts token t + 1
             hidden, labels = hidden[:, :-1], labels[:, 1:]
         return model.backbone.logits(hidden).float().log_softmax(-1), labels
 
@@ -165,7 +166,7 @@ class Seq2Seq(Task):
         device = next(model.parameters()).device
         prompts = [f["_prompt"] for f in feats]
         T, pad = max(len(p) for p in prompts), self.pad_id
-        left = self.arch == "decoder"  # decoder prompts are left-padded, encoder sources right-padded
+        left = self.decoder_only  # decoder prompts are left-padded, encoder sources right-padded
         ids = [[pad] * (T - len(p)) + p if left else p + [pad] * (T - len(p)) for p in prompts]
         mask = [[0] * (T - len(p)) + [1] * len(p) if left else [1] * len(p) + [0] * (T - len(p)) for p in prompts]
         out = generate(

@@ -61,7 +61,7 @@ def model_sizes(cfg: ModelConfig) -> Sizes:
     d, d_kv = cfg.d_model, cfg.kv_heads * cfg.dim_head
     gated = cfg.activation in ("swiglu", "geglu", "reglu")
     per_layer = 16 * d + 4 * d_kv + (8 if gated else 4) * cfg.d_ff
-    n_dec = cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0
+    n_dec = cfg.decoder_layers if cfg.is_encoder_decoder else 0
     layers = cfg.n_layers + n_dec
     total = layers * per_layer + n_dec * 8 * d
     outside = 8 * d + (10 * cfg.vocab_size if cfg.lm_head else 0)

@@ -99,7 +99,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     """The blocks that get an FSDP unit of their own (see the module docstring for those that do not)."""
     own: set[int] = set()
     for stack in (m for m in model.modules() if isinstance(m, Stack)):
-        if stack.cfg.share_layers or stack.cfg.position == "xl":
+        if stack.cfg.share_layers or stack.cfg.position_scheme.recurrent:
             own |= {id(b) for b in stack.blocks}
     blocks = [b for b in all_blocks(model) if id(b) not in own]
     holders: dict[int, int] = {}

@@ -105,7 +105,7 @@ def model_summary(cfg: Config) -> str:
     m = cfg.model
     with torch.device("meta"):  # counts without allocating
         n = Transformer(m).num_params()
-    stacks = f"{m.n_layers}+{m.decoder_layers} layers" if m.arch == "encoder-decoder" else f"{m.n_layers} layers"
+    stacks = f"{m.n_layers}+{m.decoder_layers} layers" if m.is_encoder_decoder else f"{m.n_layers} layers"
     return (
         f"model {m.name}: {n / 1e6:.2f}M parameters ({m.arch}, d_model {m.d_model}, {stacks}, {m.n_heads} heads, "
         f"vocab {m.vocab_size}, context {m.max_seq_len}); training on sequences of {cfg.train.seq_len} tokens"
