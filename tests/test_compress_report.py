@@ -67,6 +67,25 @@ def test_report_rows_and_files(teacher_run, tmp_path, capsys):
     assert "report written to" in capsys.readouterr().out
 
 
+def test_distillation_trains_on_its_device_and_logs_to_its_sinks(teacher_run, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    over = ["--distill.max_steps=2", "--prune.max_steps=1", "--bench.runs=1", "--bench.warmup=0",
+            "--teacher.max_eval=16"]  # fmt: skip
+    with pytest.raises(LMForgeError, match="^distill.device: unknown device 'gpu0'$"):
+        cmd_compress_report(None, str(teacher_run), [f"--out={tmp_path / 'a'}", *over, "--distill.device=gpu0"])
+    out = tmp_path / "b"
+    sinks = ["--distill.device=cpu", "--distill.log_to=[tensorboard]", "--distill.log_every=1"]
+    cmd_compress_report(None, str(teacher_run), [f"--out={out}", *over, *sinks])
+    events = EventAccumulator(str(out / "distill" / "tensorboard"))
+    events.Reload()
+    logged = [json.loads(x) for x in (out / "distill" / "metrics.jsonl").read_text().splitlines()]
+    assert [e.step for e in events.Scalars("soft_loss")] == [r["step"] for r in logged] == [1, 2]
+    assert [e.value for e in events.Scalars("soft_loss")] == pytest.approx([r["soft_loss"] for r in logged])
+    assert not (out / "prune-heads" / "tensorboard").exists()  # prune.log_to is its own
+
+
 def test_table_ratios():
     rows = [Row("a", 2, 8, 0.0, 2.0, 10.0, 40.0, 0.9), Row("b", 1, 4, float("nan"), 1.0, 5.0, 10.0, 0.8)]
     table = format_table(rows)

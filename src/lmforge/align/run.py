@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -27,14 +26,10 @@ from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
 from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.distributed import cleanup, init_distributed, rank_seed
-from lmforge.train.loop import Loop, LoopSpec, Saved
-from lmforge.train.metrics import MetricsLogger
+from lmforge.train.loop import LoopSpec, Saved
 from lmforge.train.prefetch import BatchSource
-from lmforge.train.resume import resume_checkpoint
-from lmforge.train.rundir import lock_run_dir
-from lmforge.train.setup import autocast_for, pick_device, seed_everything
-from lmforge.train.sinks import check_sinks
+from lmforge.train.session import RunSession
+from lmforge.train.setup import autocast_for
 
 
 def _split(items: list, dev: list | None) -> tuple[list, list]:
@@ -101,29 +96,17 @@ class Run:
     resumable checkpoints (the last one is the run's model: `lmforge.load(RUN)`) and eval.json."""
 
     def __init__(self, cfg: AlignConfig, resume: bool = False) -> None:
-        check_sinks(cfg.train.log_to)  # a missing package is refused before any work
         self.cfg, self.dir, self.resume = cfg, Path(cfg.run.dir), resume
-        self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
-        self.device = pick_device(cfg.train.device, self.dist)
-        self.lock = lock_run_dir(self.dir, self.dist)
-        try:
-            self.resume_from = resume_checkpoint(
-                self.dir, align_to_dict(cfg), resume, self.dist.is_main, frozen_sections(cfg.method), saved_as="align"
+        self.session = RunSession(self.dir, cfg.train, seed=cfg.run.seed)
+        self.dist, self.device = self.session.dist, self.session.device
+        with self.session.closed_on_error():
+            self.resume_from = self.session.find_resume(
+                align_to_dict(cfg), resume, frozen_sections(cfg.method), saved_as="align"
             )
-        except BaseException:
-            self.lock.release()
-            raise
-        seed_everything(rank_seed(cfg.run.seed, self.dist.rank))
 
-    @contextmanager
-    def released_on_error(self) -> Iterator[None]:
+    def released_on_error(self) -> AbstractContextManager[None]:
         """Release the run dir (and the process group) when setting the run up fails."""
-        try:
-            yield
-        except BaseException:
-            self.lock.release()
-            cleanup(self.dist)
-            raise
+        return self.session.closed_on_error()
 
     def shuffled(self, items: list, make) -> ShuffledBatches:
         """Shuffled batches of `items` (`make` turns a chunk into tensors), this rank's share."""
@@ -135,38 +118,28 @@ class Run:
         """Train `model` with `loss_fn` on `batches` and `evaluate()` every eval_every steps (and, with
         `eval_first`, before the first step of a new run); write eval.json. Returns the final dev metrics."""
         cfg, d = self.cfg, self.dist
-        try:
-            config = {"model": dataclasses.asdict(model.config), "align": align_to_dict(cfg), **(extra or {})}
+        with self.session.closing():
+            saved = {"model": dataclasses.asdict(model.config), "align": align_to_dict(cfg), **(extra or {})}
             spec = LoopSpec(
-                saved=lambda: Saved(model, config, tok),
+                saved=lambda: Saved(model, saved, tok),
                 # A sharded model's forward needs every rank: under fsdp each evaluates (rank 0's result is used).
                 evaluate=lambda step: evaluate() if d.is_main or cfg.train.parallel == "fsdp" else {},
                 eval_prefix="dev_",
                 resume_hint=f"lmforge align {cfg.method} --run.dir={self.dir} --resume",
             )
-            loop = Loop(model, loss_fn, batches, cfg.train, self.dir, spec, dist=d, device=self.device, log=None)
-            if self.resume_from is not None:
-                loop.restore(self.resume_from)
-            log = MetricsLogger(self.dir, loop.step, cfg.train.log_to, align_to_dict(cfg)) if d.is_main else None
-            loop.log = log
-            if d.is_main:
-                save_align_config(cfg, self.dir / ckpt.CONFIG_FILE)
-            try:
-                if eval_first and loop.step == 0 and d.is_main:
-                    model.eval()
-                    with torch.no_grad(), loop.autocast:
-                        log.log(0, **{f"dev_{k}": v for k, v in evaluate().items()})
-                metrics = loop.run()
-            finally:
-                if log is not None:
-                    log.close()
+            loop = self.session.start(
+                model, loss_fn, batches, spec, config=align_to_dict(cfg),
+                save_config=lambda: save_align_config(cfg, self.dir / ckpt.CONFIG_FILE),
+            )  # fmt: skip
+            if eval_first and loop.step == 0 and d.is_main:
+                model.eval()
+                with torch.no_grad(), loop.autocast:
+                    self.session.log.log(0, **{f"dev_{k}": v for k, v in evaluate().items()})
+            metrics = loop.run()
             model.eval()
             if d.is_main:
                 write_atomic(self.dir / "eval.json", json.dumps(metrics, indent=2) + "\n")
             return metrics
-        finally:
-            self.lock.release()
-            cleanup(d)
 
 
 def _batch_maker(fn, *args):

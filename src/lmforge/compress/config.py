@@ -39,6 +39,9 @@ class CompressTrain(LoopConfig, OptimConfig):
     beta2: OpenFraction = 0.999
     save_every: PosInt = 100
     keep_last: PosInt = 1
+    device: str = "cpu"
+    """Where the variant trains: cpu, cuda or cuda:N (auto: cuda if a GPU is present). The report measures every
+    model on the CPU, where a trained variant returns."""
 
 
 @dataclass

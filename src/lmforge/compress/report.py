@@ -114,23 +114,25 @@ def variants(teacher: nn.Module, task, train_features: list[dict], cfg: Compress
     """(name, model) of every compressed variant, built in turn (each from a copy of the teacher); the trained ones
     are runs in OUT/distill, OUT/prune-magnitude and OUT/prune-heads."""
     d, p, out = cfg.distill, cfg.prune, Path(cfg.out)
-    kw = dict(seed=cfg.seed, resume=resume)
+    kw = dict(seed=cfg.seed, resume=resume, section="distill")
+    pkw = kw | {"section": "prune"}
     yield "teacher (fp32)", teacher
     yield "teacher int8 (dynamic)", quantize_int8(teacher, skip=cfg.quantize_skip)
     student = init_student_from_teacher(teacher, d.layers)
     w = DistillWeights(d.soft, d.hard, d.hidden, d.temperature, d.hidden_kind)
     train_variant("distill", student, distill_loss(teacher, task, w), task, train_features, d, out / "distill", **kw)
+    teacher.to("cpu")  # distillation ran it where the student trained
     yield "student (distilled)", student
     yield "student int8", quantize_int8(student, skip=cfg.quantize_skip)
     pruned = copy.deepcopy(teacher)
     magnitude_prune(pruned, p.sparsity)
-    train_variant("prune-magnitude", pruned, task_loss(task), task, train_features, p, out / "prune-magnitude", **kw)
+    train_variant("prune-magnitude", pruned, task_loss(task), task, train_features, p, out / "prune-magnitude", **pkw)
     make_permanent(pruned)
     yield f"magnitude-pruned {p.sparsity:.0%} + fine-tuned", pruned
     headless = copy.deepcopy(teacher)
     heads = least_important_heads(head_importance(headless), p.heads)
     mask_heads(headless, heads)
-    train_variant("prune-heads", headless, task_loss(task), task, train_features, p, out / "prune-heads", **kw)
+    train_variant("prune-heads", headless, task_loss(task), task, train_features, p, out / "prune-heads", **pkw)
     make_permanent(headless)
     remove_heads(headless, heads)
     yield f"{p.heads:.0%} heads removed + fine-tuned", headless

@@ -4,6 +4,7 @@ killed report resumes exactly (`lmforge compress report --resume`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -14,40 +15,33 @@ from lmforge.compress.distill import DistillWeights, distillation_loss
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.distributed import DistInfo
 from lmforge.train.finetune import FeatureBatches
-from lmforge.train.loop import Loop, LoopSpec, Saved
-from lmforge.train.metrics import MetricsLogger
-from lmforge.train.resume import resume_checkpoint
-from lmforge.train.rundir import lock_run_dir
+from lmforge.train.loop import LoopSpec, Saved
+from lmforge.train.session import RunSession
 
 
 def train_variant(
     name: str, model: nn.Module, loss_fn, task, features: list[dict], cfg: CompressTrain, run_dir: Path,
-    *, seed: int = 0, resume: bool = False,
+    *, seed: int = 0, resume: bool = False, section: str = "distill",
 ) -> dict:  # fmt: skip
-    """Train `model` (in place, on the CPU) with `loss_fn(model, batch) -> LossOutput` for cfg.max_steps steps in
-    `run_dir`; a run already finished there (with `resume`) only has its weights loaded."""
+    """Train `model` (in place, on cfg.device; back on the CPU afterwards, where the report measures it) with
+    `loss_fn(model, batch) -> LossOutput` for cfg.max_steps steps in `run_dir`, logging to cfg.log_to as well;
+    a run already finished there (with `resume`) only has its weights loaded. `section`: the config section of
+    `cfg` (distill, prune), for error lines."""
     if not features:
         raise LMForgeError("no training features")
-    run_dir = Path(run_dir)
-    dist, device = DistInfo(), torch.device("cpu")
-    lock = lock_run_dir(run_dir, dist)
-    try:
-        start = resume_checkpoint(run_dir, {"variant": {"name": name}}, resume, frozen=("variant",))
-        torch.manual_seed(seed)
-        spec = LoopSpec(saved=lambda: Saved(model, {"variant": {"name": name}}), progress_every=10)
-        batches = FeatureBatches(features, cfg.batch_size, dist, seed, task.pad_id)
-        loop = Loop(model, loss_fn, batches, cfg, run_dir, spec, dist=dist, device=device, log=None)
-        if start is not None:
-            loop.restore(start)
-        with MetricsLogger(run_dir, resume_step=loop.step) as log:
-            loop.log = log
-            loop.run()
-        model.eval()
-        return {"steps": loop.step, "checkpoint": str(ckpt.latest_checkpoint(run_dir))}
-    finally:
-        lock.release()
+    # One process (the report's); the variant's own config goes to the sinks, its checkpoints name the variant.
+    session = RunSession(run_dir, cfg, seed=seed, distributed=False, section=section)
+    variant = {"variant": {"name": name}}
+    with session.closing():
+        session.find_resume(variant, resume, frozen=("variant",))
+        spec = LoopSpec(saved=lambda: Saved(model, variant), progress_every=10)
+        batches = FeatureBatches(features, cfg.batch_size, session.dist, seed, task.pad_id)
+        config = variant | {section: dataclasses.asdict(cfg)}
+        loop = session.start(model.to(session.device), loss_fn, batches, spec, config=config, save_config=False)
+        loop.run()
+        model.to("cpu").eval()
+        return {"steps": loop.step, "checkpoint": str(ckpt.latest_checkpoint(session.dir))}
 
 
 def task_loss(task):
@@ -61,6 +55,7 @@ def distill_loss(teacher: nn.Module, task, weights: DistillWeights):
     teacher.eval()
 
     def loss_fn(student: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        teacher.to(next(iter(batch.values())).device)  # where the student trains (a no-op once there)
         with torch.no_grad():
             t = teacher(batch)
         s = student(batch)

@@ -28,14 +28,10 @@ from lmforge.tasks.examples import Dataset
 from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.model import set_dropout
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.distributed import DistInfo, barrier, cleanup, init_distributed, rank_seed
-from lmforge.train.loop import Loop, LoopSpec, Saved, Selection
-from lmforge.train.metrics import MetricsLogger
+from lmforge.train.distributed import DistInfo, barrier, rank_seed
+from lmforge.train.loop import LoopSpec, Saved, Selection
 from lmforge.train.prefetch import Batch
-from lmforge.train.resume import resume_checkpoint
-from lmforge.train.rundir import lock_run_dir
-from lmforge.train.setup import pick_device, seed_everything
-from lmforge.train.sinks import check_sinks
+from lmforge.train.session import RunSession
 
 FROZEN = ("model", "task", "data", "peft")
 """Sections a resumed fine-tuning run may not change."""
@@ -83,24 +79,19 @@ class FineTuner:
     """Builds a fine-tuning run from a FinetuneConfig and trains it: `FineTuner(cfg).fit()` → best dev metrics."""
 
     def __init__(self, cfg: FinetuneConfig, resume: bool = False) -> None:
-        check_sinks(cfg.train.log_to)  # a missing package is refused before any work
         self.cfg, self.run_dir = cfg, Path(cfg.run.dir)
         self.tested: dict[str, float] | None = None  # the test split's metrics, set by finish()
-        self.dist = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
-        self.device = pick_device(cfg.train.device, self.dist)
-        self.lock = lock_run_dir(self.run_dir, self.dist)
-        try:
+        # One seed on every rank while the model is built (each rank's own dropout comes after).
+        self.session = RunSession(self.run_dir, cfg.train, seed=cfg.run.seed, rank_seeds=False)
+        self.dist, self.device, self.lock = self.session.dist, self.session.device, self.session.lock
+        with self.session.closed_on_error():
             self._build(resume)
-        except BaseException:
-            self.lock.release()
-            raise
 
     def _build(self, resume: bool) -> None:
         from lmforge.registry import TASKS
 
         cfg, t, d = self.cfg, self.cfg.train, self.dist
-        self.resume_from = resume_checkpoint(self.run_dir, finetune_to_dict(cfg), resume, d.is_main, FROZEN)
-        seed_everything(cfg.run.seed)
+        self.resume_from = self.session.find_resume(finetune_to_dict(cfg), resume, FROZEN)
         self.splits = load_splits(cfg.data)
         task_cls = TASKS.get(cfg.task.type)
         backbone, self.tokenizer = load_backbone(cfg.model, lambda: example_texts([self.splits["train"]]))
@@ -136,18 +127,13 @@ class FineTuner:
             select=Selection(t.select_metric or self.task.main_metric),
             resume_hint=f"lmforge finetune --run.dir={self.run_dir} --resume",
         )
-        self.loop = Loop(self.model, self.task.loss, source, loop_cfg, self.run_dir, spec, dist=d, device=self.device,
-                         log=None)  # fmt: skip
-        if self.resume_from is not None:
-            self.loop.restore(self.resume_from)
-            if d.is_main:
-                print(f"resumed from {self.resume_from} at step {self.loop.step}", file=sys.stderr)
-        self.log = MetricsLogger(self.run_dir, self.loop.step, t.log_to, finetune_to_dict(cfg)) if d.is_main else None
-        self.loop.log = self.log
-        if d.is_main:
-            ckpt.save_run_config(self.run_dir, finetune_to_dict(cfg))
-            if self.peft is not None and self.loop.step == 0:
-                self.log.log(0, trainable_params=self.peft.trainable, total_params=self.peft.total)
+        config = finetune_to_dict(cfg)
+        self.loop = self.session.start(self.model, self.task.loss, source, spec, config=config, loop_cfg=loop_cfg)
+        self.log = self.session.log
+        if self.resume_from is not None and d.is_main:
+            print(f"resumed from {self.resume_from} at step {self.loop.step}", file=sys.stderr)
+        if d.is_main and self.peft is not None and self.loop.step == 0:
+            self.log.log(0, trainable_params=self.peft.trainable, total_params=self.peft.total)
 
     def _warn_truncated(self) -> None:
         if self.task.n_truncated and self.dist.is_main:
@@ -189,15 +175,10 @@ class FineTuner:
     def fit(self) -> dict[str, float]:
         """Train, keep the best dev checkpoint, reload it and write eval.json; returns its dev metrics (on rank 0;
         {} on the other ranks)."""
-        try:
+        with self.session.closing():
             self.loop.run()
             final = self.finish() if self.dist.is_main or self._every_rank else {}
             barrier(self.dist)
-        finally:
-            if self.log is not None:
-                self.log.close()
-            self.lock.release()
-        cleanup(self.dist)
         return final
 
     def finish(self) -> dict[str, float]:

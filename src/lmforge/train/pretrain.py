@@ -17,24 +17,20 @@ from lmforge.objectives.rng import use_rng
 from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed, sums_across
-from lmforge.train.loop import Loop, LoopSpec, Saved
-from lmforge.train.metrics import MetricsLogger, peak_flops
+from lmforge.train.distributed import DistInfo, rank_seed, sums_across
+from lmforge.train.loop import LoopSpec, Saved
+from lmforge.train.metrics import peak_flops
 from lmforge.train.prefetch import Batch
-from lmforge.train.resume import resume_checkpoint
-from lmforge.train.rundir import lock_run_dir
+from lmforge.train.session import RunSession
 from lmforge.train.setup import (
     apply_init,
     check_inputs,
     check_vocab,
     load_or_train_tokenizer,
     model_summary,
-    pick_device,
     prepare_data,
-    seed_everything,
     warmup_note,
 )
-from lmforge.train.sinks import check_sinks
 
 
 class ObjectiveBatches:
@@ -65,23 +61,17 @@ class Pretraining:
 
     def __init__(self, cfg: Config, resume: bool = False, callbacks: Callbacks | None = None) -> None:
         self.cfg, self.run_dir = cfg, Path(cfg.run.dir)
-        self.dist: DistInfo = init_distributed("cuda" if torch.cuda.is_available() else "cpu")
-        self.device = pick_device(cfg.train.device, self.dist)
-        self.lock = lock_run_dir(self.run_dir, self.dist)  # before any work: a second process is refused at once
-        try:
+        # Each rank draws its own random numbers (noise, dropout); DDP gives every rank rank 0's initial weights.
+        self.session = RunSession(self.run_dir, cfg.train, seed=cfg.run.seed)
+        self.dist: DistInfo = self.session.dist
+        self.device, self.lock = self.session.device, self.session.lock
+        with self.session.closed_on_error():
             self._build(resume, callbacks)
-        except BaseException:
-            self.lock.release()
-            raise
 
     def _build(self, resume: bool, callbacks: Callbacks | None) -> None:
         cfg, d = self.cfg, self.dist
-        check_sinks(cfg.train.log_to)  # now, before any work
-        # Each rank draws its own random numbers (noise, dropout); rank 0 keeps run.seed (a one-process run's
-        # stream) and DDP gives every rank rank 0's initial weights.
-        seed_everything(rank_seed(cfg.run.seed, d.rank))
         self.init_from = apply_init(cfg)  # before the config is saved or compared: it sets model.* and the tokenizer
-        self.resume_from = resume_checkpoint(self.run_dir, to_dict(cfg), resume, d.is_main)
+        self.resume_from = self.session.find_resume(to_dict(cfg), resume)
         check_inputs(cfg)
         if d.is_main:
             status(model_summary(cfg))
@@ -113,30 +103,25 @@ class Pretraining:
             resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
             stop_when=(lambda m: m["val_loss"] <= t.target_loss) if t.target_loss is not None else None,
         )
-        self.loop = Loop(
-            self.raw_model, self.objective.loss, batches, t, self.run_dir, spec, dist=d, device=self.device,
-            log=None, callbacks=callbacks,
-        )  # fmt: skip
-        if self.resume_from is not None:
-            self.loop.restore(self.resume_from, lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank)))
-            if d.is_main:  # always said, also with --quiet: where a run continued belongs in its log
-                pos = self.loop.batches.state_dict()["loader"]
+        reseed = lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank))  # noqa: E731
+        self.loop = self.session.start(
+            self.raw_model, self.objective.loss, batches, spec, config=to_dict(cfg), callbacks=callbacks, reseed=reseed
+        )
+        self.log = self.session.log
+        # Always said, also with --quiet: where a run continued belongs in its log.
+        if self.resume_from is not None and d.is_main:
+            pos = self.loop.batches.state_dict()["loader"]
+            print(
+                f"resumed from {self.resume_from} at step {self.loop.step} "
+                f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})",
+                file=sys.stderr,
+            )
+            if self.loop.step >= t.max_steps:
                 print(
-                    f"resumed from {self.resume_from} at step {self.loop.step} "
-                    f"(data position: epoch {pos.get('epoch')}, batch {pos.get('batch')})",
+                    f"note: the run is at step {self.loop.step} and train.max_steps is {t.max_steps}: nothing "
+                    "to train (a larger --train.max_steps continues it)",
                     file=sys.stderr,
                 )
-                if self.loop.step >= t.max_steps:
-                    print(
-                        f"note: the run is at step {self.loop.step} and train.max_steps is {t.max_steps}: nothing "
-                        "to train (a larger --train.max_steps continues it)",
-                        file=sys.stderr,
-                    )
-        # Lines an interrupted attempt logged after its checkpoint (or before any checkpoint) are dropped.
-        self.log = MetricsLogger(self.run_dir, self.loop.step, t.log_to, to_dict(cfg)) if d.is_main else None
-        self.loop.log = self.log
-        if d.is_main:
-            ckpt.save_run_config(self.run_dir, to_dict(cfg))
 
     @property
     def model(self):
@@ -168,10 +153,5 @@ class Pretraining:
 
     def fit(self) -> dict[str, float]:
         """Train to train.max_steps; returns the last validation metrics."""
-        try:
+        with self.session.closing():
             return self.loop.run()
-        finally:
-            if self.log is not None:
-                self.log.close()
-            self.lock.release()
-            cleanup(self.dist)

@@ -19,7 +19,8 @@ from lmforge.train.distributed import DistInfo, barrier
 FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 
 
-def pick_device(spec: str, dist: DistInfo) -> torch.device:
+def pick_device(spec: str, dist: DistInfo, key: str = "train.device") -> torch.device:
+    """The torch device `spec` names (`key`: its config key, for the error lines)."""
     if spec == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", dist.local_rank)
@@ -27,9 +28,9 @@ def pick_device(spec: str, dist: DistInfo) -> torch.device:
     try:
         dev = torch.device(spec)
     except RuntimeError:
-        raise LMForgeError(f"train.device: unknown device '{spec}'") from None
+        raise LMForgeError(f"{key}: unknown device '{spec}'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LMForgeError("train.device=cuda but no CUDA GPU is available")
+        raise LMForgeError(f"{key}=cuda but no CUDA GPU is available")
     if dev.type == "cuda" and dev.index is None:  # each rank's own GPU under torchrun (set_device needs an index)
         dev = torch.device("cuda", dist.local_rank)
     return dev

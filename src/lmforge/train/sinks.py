@@ -44,12 +44,13 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def check_sinks(names: list[str] | tuple[str, ...]) -> None:
-    """Refuse, in one line, a sink that is unknown or whose package is not installed (called before any work)."""
+def check_sinks(names: list[str] | tuple[str, ...], key: str = "train.log_to") -> None:
+    """Refuse, in one line, a sink that is unknown or whose package is not installed (called before any work;
+    `key`: the config key that names the sinks)."""
     for name in names:
         if name not in MODULES:
-            raise LMForgeError(f"train.log_to: unknown sink '{name}' (known: {', '.join(MODULES)})")
-        check(f"train.log_to={name}", MODULES[name])
+            raise LMForgeError(f"{key}: unknown sink '{name}' (known: {', '.join(MODULES)})")
+        check(f"{key}={name}", MODULES[name])
 
 
 def open_sinks(
