@@ -119,20 +119,10 @@ def listing_help(kind: str, field: str) -> Callable[[argparse.Namespace | None, 
 
 
 def schema_of(kind: str) -> type:
-    """The config dataclass of a run kind."""
-    if kind == "pretrain":
-        from lmforge.config import Config as schema
-    elif kind == "finetune":
-        from lmforge.tasks.config import FinetuneConfig as schema
-    elif kind == "align":
-        from lmforge.align.config import AlignConfig as schema
-    else:
-        from lmforge.config import Config
+    """The config dataclass of a run kind (of pretraining for the commands that pretrain: scaling, experiment)."""
+    from lmforge.run_kinds import RUN_KINDS
 
-        if kind != "compress":
-            return Config
-        from lmforge.compress.config import CompressConfig as schema
-    return schema
+    return RUN_KINDS.get(kind, RUN_KINDS["pretrain"]).schema()
 
 
 def check_overrides(kind: str, overrides: list[str]) -> list[str]:

@@ -6,13 +6,9 @@ from __future__ import annotations
 import yaml
 
 from lmforge.config import RECIPES_DIR, resolve_recipe
-from lmforge.errors import LMForgeError
+from lmforge.run_kinds import RUN_KINDS, run_kind
 
-KINDS = ("pretrain", "finetune", "align", "compress")
-DEFAULT_RECIPES = {"pretrain": "demo", "finetune": "sst2-gpt", "compress": "sentiment-gpt"}
-ALIGN_DEFAULTS = {"sft": "sft-sentiment", "reward": "reward-continuation", "dpo": "dpo-continuation",
-                  "ppo": "ppo-continuation"}  # fmt: skip
-"""The recipe each `lmforge align METHOD` runs when none is named."""
+KINDS = tuple(RUN_KINDS)
 
 
 def recipe_kind(recipe: str | None) -> str:
@@ -30,7 +26,7 @@ def recipe_kind(recipe: str | None) -> str:
 
 def default_recipe(kind: str, method: str | None = None) -> str:
     """The bundled recipe a command of `kind` (an align `method`) runs when none is named."""
-    return ALIGN_DEFAULTS[method or "sft"] if kind == "align" else DEFAULT_RECIPES[kind]
+    return run_kind(kind).default_recipe(method)
 
 
 def resolved_tree(
@@ -38,30 +34,7 @@ def resolved_tree(
     method: str | None = None, teacher: str | None = None,
 ) -> dict:  # fmt: skip
     """The resolved config of `recipe` (default: the kind's) with `overrides`, as the plain dict a run saves."""
-    if kind == "pretrain":
-        from lmforge.api import pretrain_config
-        from lmforge.config import to_dict
-
-        return to_dict(pretrain_config(recipe, overrides, resume=resume))
-    if kind == "finetune":
-        from lmforge.finetune_cli import finetune_config
-        from lmforge.tasks.config import finetune_to_dict
-
-        return finetune_to_dict(finetune_config(recipe, init, overrides, resume))
-    if kind == "align":
-        from lmforge.align.cli import align_config
-        from lmforge.align.config import align_to_dict, load_align_config
-
-        recipe = recipe or default_recipe("align", method)
-        method = method or load_align_config(recipe, overrides).method
-        return align_to_dict(align_config(method, recipe, init, overrides, resume))
-    import dataclasses
-
-    from lmforge.compress.config import load_compress_config
-
-    if resume:
-        raise LMForgeError("a compression report resumes from its recipe: drop --resume")
-    return dataclasses.asdict(load_compress_config(recipe or default_recipe(kind), overrides, teacher=teacher))
+    return run_kind(kind).resolve(recipe, overrides, init, resume, method, teacher)
 
 
 def show_config(

@@ -1,0 +1,52 @@
+"""The run-kind table: every kind's schema, default recipe and resolved config come from one entry, and
+`run(kind, cfg, resume)` runs a loaded config of any kind."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import tasks_testing as T
+from training_testing import restore_torch_globals
+
+from lmforge.cli_args import schema_of
+from lmforge.config_show import KINDS, default_recipe, resolved_tree
+from lmforge.errors import LMForgeError
+from lmforge.run_kinds import RUN_KINDS, run, run_kind
+
+
+@pytest.fixture(autouse=True)
+def _torch_globals():
+    yield from restore_torch_globals()
+
+
+def test_the_table_holds_the_four_kinds_and_config_show_iterates_it():
+    assert KINDS == tuple(RUN_KINDS) == ("pretrain", "finetune", "align", "compress")
+    assert [default_recipe(k) for k in KINDS] == ["demo", "sst2-gpt", "sft-sentiment", "sentiment-gpt"]
+    assert default_recipe("align", "dpo") == "dpo-continuation"
+    for kind in KINDS:
+        schema = schema_of(kind)
+        assert schema is run_kind(kind).schema()
+        tree = resolved_tree(None, kind, [])
+        fields = {f.name for f in dataclasses.fields(schema)}
+        assert tree and set(tree) <= fields | {"method"}, kind
+    assert schema_of("scaling") is schema_of("pretrain")  # the commands that pretrain take its keys
+
+
+def test_an_unknown_kind_is_one_line():
+    with pytest.raises(
+        LMForgeError, match=r"^unknown run kind 'distill' \(known: pretrain, finetune, align, compress\)$"
+    ):
+        run_kind("distill")
+
+
+def test_run_runs_a_loaded_config_of_its_kind(tmp_path):
+    from lmforge.tasks.config import load_finetune_config
+
+    data = T.write_labelled_dir(tmp_path / "d", {"train": T.sentiment(24), "dev": T.sentiment(8, seed=3)})
+    over = [f"--run.dir={tmp_path / 'run'}", "--data.source=dir", f"--data.dir={data}", "--train.max_steps=2",
+            "--train.batch_size=8", "--model.vocab_size=200", "--train.device=cpu"]  # fmt: skip
+    metrics = run("finetune", load_finetune_config("sst2-bert", over))
+    assert metrics == json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert set(metrics) >= {"accuracy"}
