@@ -34,6 +34,13 @@ def test_the_table_holds_the_four_kinds_and_config_show_iterates_it():
     assert schema_of("scaling") is schema_of("pretrain")  # the commands that pretrain take its keys
 
 
+def test_each_kinds_help_lists_its_schemas_keys():
+    for kind, key in (("pretrain", "train.lr"), ("finetune", "task.type"), ("align", "dpo.beta"),
+                      ("compress", "distill.device")):  # fmt: skip
+        text = run_kind(kind).help(kind, None, [])
+        assert f"recipes (recipes/{kind})" in text and f"  {key}" in text, kind
+
+
 def test_an_unknown_kind_is_one_line():
     with pytest.raises(
         LMForgeError, match=r"^unknown run kind 'distill' \(known: pretrain, finetune, align, compress\)$"

@@ -93,16 +93,11 @@ def recipe_help(kind: str, method: str | None = None) -> Callable[[argparse.Name
     """The --help epilog of a training command: the recipes, or the named one, and every key with its value."""
 
     def build(ns: argparse.Namespace | None, extra: list[str]) -> str:
-        from lmforge import confighelp
+        from lmforge.run_kinds import run_kind
 
         recipe = recipe_of(ns) if ns is not None else None
         init = getattr(ns, "init", None)
-        overrides = check_overrides(kind, extra)
-        if kind == "pretrain":
-            return confighelp.pretrain_help(recipe, overrides)
-        if kind == "finetune":
-            return confighelp.finetune_help(recipe, overrides, init)
-        return confighelp.schema_help(kind, schema_of(kind), recipe, overrides, init, method)
+        return run_kind(kind).help(kind, recipe, check_overrides(kind, extra), init, method)
 
     return build
 

@@ -20,12 +20,14 @@ ALIGN_DEFAULTS = {"sft": "sft-sentiment", "reward": "reward-continuation", "dpo"
 class RunKind:
     """One run kind: `schema()` its config dataclass, `default_recipe(method)` the bundled recipe it runs when none
     is named, `resolve(recipe, overrides, init, resume, method, teacher)` its resolved config as the plain dict a
-    run saves, `run(cfg, resume)` the run of a loaded config (→ its final metrics, or the report's rows)."""
+    run saves, `run(cfg, resume)` the run of a loaded config (→ its final metrics, or the report's rows) and
+    `help(kind, recipe, overrides, init, method)` its --help epilog (the recipes and every key with its value)."""
 
     schema: Callable[[], type]
     default_recipe: Callable[[str | None], str]
     resolve: Callable[..., dict]
     run: Callable[[Any, bool], Any]
+    help: Callable[..., str]
 
 
 def _pretrain_schema() -> type:
@@ -107,12 +109,31 @@ def _compress_run(cfg, resume: bool = False) -> list:
     return compression_report(cfg, resume)[0]
 
 
+def _pretrain_help(kind, recipe, overrides, init=None, method=None) -> str:
+    from lmforge.confighelp import pretrain_help
+
+    return pretrain_help(recipe, overrides)
+
+
+def _finetune_help(kind, recipe, overrides, init=None, method=None) -> str:
+    from lmforge.confighelp import finetune_help
+
+    return finetune_help(recipe, overrides, init)
+
+
+def _schema_help(kind, recipe, overrides, init=None, method=None) -> str:
+    from lmforge.confighelp import schema_help
+
+    return schema_help(kind, RUN_KINDS[kind].schema(), recipe, overrides, init, method)
+
+
 RUN_KINDS: dict[str, RunKind] = {
-    "pretrain": RunKind(_pretrain_schema, lambda method: "demo", _pretrain_resolve, _pretrain_run),
-    "finetune": RunKind(_finetune_schema, lambda method: "sst2-gpt", _finetune_resolve, _finetune_run),
-    "align": RunKind(_align_schema, lambda method: ALIGN_DEFAULTS[method or "sft"], _align_resolve, _align_run),
-    "compress": RunKind(_compress_schema, lambda method: "sentiment-gpt", _compress_resolve, _compress_run),
+    "pretrain": RunKind(_pretrain_schema, lambda m: "demo", _pretrain_resolve, _pretrain_run, _pretrain_help),
+    "finetune": RunKind(_finetune_schema, lambda m: "sst2-gpt", _finetune_resolve, _finetune_run, _finetune_help),
+    "align": RunKind(_align_schema, lambda m: ALIGN_DEFAULTS[m or "sft"], _align_resolve, _align_run, _schema_help),
+    "compress": RunKind(_compress_schema, lambda m: "sentiment-gpt", _compress_resolve, _compress_run, _schema_help),
 }
+"""Kind name → its entry (`m`: an align method)."""
 
 
 def run_kind(kind: str) -> RunKind:
