@@ -185,14 +185,13 @@ def _options(title: str, registry, key: str, values: dict | None = None) -> list
     return lines
 
 
-def pretrain_help(recipe: str | None = None, overrides: list[str] = (), init: str | None = None) -> str:
+def pretrain_help(recipe: str | None, overrides: list[str], values: dict) -> str:
+    """`lmforge pretrain --help`'s epilog; `values`: the resolved config of `recipe` with `overrides`."""
     from lmforge.config import Config
-    from lmforge.config_show import resolved_tree
     from lmforge.models.config import ModelConfig
     from lmforge.objectives import OBJECTIVES
     from lmforge.registry import MODELS
 
-    values = resolved_tree(recipe, "pretrain", list(overrides))
     parts = [*_header("pretrain", recipe, "demo", list(overrides)), "", "config keys (--section.key=value):"]
     preset = _fmt(get_key(values, "model.name"))
     parts += [f"  model.preset: string = {preset}"]
@@ -207,13 +206,12 @@ def pretrain_help(recipe: str | None = None, overrides: list[str] = (), init: st
     return "\n".join(parts)
 
 
-def finetune_help(recipe: str | None = None, overrides: list[str] = (), init: str | None = None) -> str:
+def finetune_help(recipe: str | None, overrides: list[str], values: dict) -> str:
+    """`lmforge finetune --help`'s epilog; `values`: the resolved config of `recipe` with `overrides`."""
     from lmforge.adapt.peft import ADAPTERS
-    from lmforge.config_show import resolved_tree
     from lmforge.registry import TASKS
     from lmforge.tasks.config import FinetuneConfig
 
-    values = resolved_tree(recipe, "finetune", list(overrides), init=init)
     parts = [*_header("finetune", recipe, "sst2-gpt", list(overrides)), "", "config keys (--section.key=value):"]
     for f in dataclasses.fields(FinetuneConfig):
         if f.name not in ("task", "peft"):
@@ -223,15 +221,10 @@ def finetune_help(recipe: str | None = None, overrides: list[str] = (), init: st
     return "\n".join(parts)
 
 
-def schema_help(
-    kind: str, schema: type, recipe: str | None = None, overrides: list[str] = (), init: str | None = None,
-    method: str | None = None,
-) -> str:  # fmt: skip
-    """Recipes of `kind` and every key of `schema` (alignment, compression) with the recipe's values."""
-    from lmforge.config_show import default_recipe, resolved_tree
-
-    values = resolved_tree(recipe, kind, list(overrides), init=init, method=method)
-    parts = [*_header(kind, recipe, default_recipe(kind, method), list(overrides)), ""]
+def schema_help(kind: str, schema: type, recipe: str | None, overrides: list[str], values: dict, default: str) -> str:
+    """Recipes of `kind` (`default`: the one it runs when none is named) and every key of `schema` (alignment,
+    compression) with its value in `values`, the resolved config of `recipe` with `overrides`."""
+    parts = [*_header(kind, recipe, default, list(overrides)), ""]
     return "\n".join(parts + ["config keys (--section.key=value):", *key_lines(schema, "", values=values)])
 
 

@@ -112,19 +112,21 @@ def _compress_run(cfg, resume: bool = False) -> list:
 def _pretrain_help(kind, recipe, overrides, init=None, method=None) -> str:
     from lmforge.confighelp import pretrain_help
 
-    return pretrain_help(recipe, overrides)
+    return pretrain_help(recipe, overrides, _pretrain_resolve(recipe, list(overrides)))
 
 
 def _finetune_help(kind, recipe, overrides, init=None, method=None) -> str:
     from lmforge.confighelp import finetune_help
 
-    return finetune_help(recipe, overrides, init)
+    return finetune_help(recipe, overrides, _finetune_resolve(recipe, list(overrides), init))
 
 
 def _schema_help(kind, recipe, overrides, init=None, method=None) -> str:
     from lmforge.confighelp import schema_help
 
-    return schema_help(kind, RUN_KINDS[kind].schema(), recipe, overrides, init, method)
+    entry = RUN_KINDS[kind]
+    values = entry.resolve(recipe, list(overrides), init, False, method)
+    return schema_help(kind, entry.schema(), recipe, overrides, values, entry.default_recipe(method))
 
 
 RUN_KINDS: dict[str, RunKind] = {
