@@ -20,6 +20,7 @@ from lmforge.cli_args import (
     recipe_of,
 )
 from lmforge.errors import LMForgeError
+from lmforge.run_kinds import RUN_KINDS
 
 
 def _pretrain(args: argparse.Namespace) -> None:
@@ -324,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs = cf.add_parser("show", help="print the resolved YAML of a recipe with overrides (as the run would save it)")
     cs.add_argument("recipe", nargs="?", help="recipe name or path (default: the pretraining demo)")
     cs.add_argument("--config", dest="config_file", metavar="FILE", help="the recipe file (the same as RECIPE)")
-    cs.add_argument("--kind", choices=["pretrain", "finetune", "align", "compress"], help="default: from the recipe")
+    cs.add_argument("--kind", choices=list(RUN_KINDS), help="default: from the recipe")
     cs.add_argument("--init", help="finetune/align: the model to start from")
     cs.add_argument("--resume", action="store_true", help="the config a resumed run in --run.dir continues with")
     cs.set_defaults(fn=_config_show)
