@@ -84,7 +84,7 @@ def matmul_weights(cfg: ModelConfig) -> MatmulWeights:
     if cfg.rtd_head:
         head += d * d + d
     stack = proj + cfg.n_layers * _block_weights(cfg)
-    if cfg.arch != "encoder-decoder":
+    if not cfg.is_encoder_decoder:
         return MatmulWeights(encoder=stack, decoder=0, cross_kv=0, head=head)
     n_dec = cfg.decoder_layers
     decoder = proj + n_dec * (_block_weights(cfg) + d * q_dim + q_dim * d)
@@ -99,7 +99,7 @@ def training_flops(cfg: ModelConfig, seq_len: int, target_len: int | None = None
     w = matmul_weights(cfg)
     d_attn = cfg.n_heads * cfg.dim_head
     S = seq_len
-    if cfg.arch != "encoder-decoder":
+    if not cfg.is_encoder_decoder:
         return S * flops_per_token(w.encoder + w.head, cfg.n_layers, d_attn, S)
     T = seq_len if target_len is None else target_len
     encoder = S * flops_per_token(w.encoder, cfg.n_layers, d_attn, S)
@@ -110,5 +110,5 @@ def training_flops(cfg: ModelConfig, seq_len: int, target_len: int | None = None
 def model_flops_per_token(cfg: ModelConfig, seq_len: int, target_len: int | None = None) -> float:
     """`training_flops` per token: over the seq_len tokens of a decoder or encoder sequence, over the
     seq_len + target_len tokens of an encoder-decoder example."""
-    tokens = seq_len + ((seq_len if target_len is None else target_len) if cfg.arch == "encoder-decoder" else 0)
+    tokens = seq_len + ((seq_len if target_len is None else target_len) if cfg.is_encoder_decoder else 0)
     return training_flops(cfg, seq_len, target_len) / max(tokens, 1)

@@ -100,7 +100,7 @@ def labels_loss(model, out, labels: Tensor, num_items_in_batch: int | Tensor | N
         got, want = tuple(labels.shape), tuple(out.last_hidden_state.shape[:2])
         raise LMForgeError(f"labels have shape {got}, the model's output positions are {want}")
     labels = labels.to(out.last_hidden_state.device)
-    causal = cfg.arch == "decoder"
+    causal = cfg.is_decoder
     if out.logits is not None:
         logits = out.logits[:, :-1] if causal else out.logits
         target = labels[:, 1:] if causal else labels
@@ -120,7 +120,7 @@ def _max_new_tokens(cfg, input_ids: Tensor, max_new_tokens: int | None, max_leng
     if max_new_tokens is not None:
         return max_new_tokens
     length = 20 if max_length is None else max_length
-    used = 1 if cfg.arch == "encoder-decoder" else input_ids.shape[1]
+    used = 1 if cfg.is_encoder_decoder else input_ids.shape[1]
     return max(0, length - used)
 
 
@@ -153,7 +153,7 @@ class HFSurface:
     def loss_type(self) -> str:
         """What `labels=` scores, in `transformers`' names: "ForCausalLM" (decoders: the labels are shifted, which
         `transformers.Trainer` reads to count a batch's scored tokens) or "ForMaskedLM" (every labelled position)."""
-        return "ForCausalLM" if self.config.arch == "decoder" else "ForMaskedLM"  # type: ignore[attr-defined]
+        return "ForCausalLM" if self.config.is_decoder else "ForMaskedLM"  # type: ignore[attr-defined]
 
     @property
     def device(self) -> torch.device:
@@ -181,7 +181,7 @@ class HFSurface:
     def _hf_decoder_inputs(self, labels: Tensor | None, decoder_input_ids: Tensor | None) -> Tensor | None:
         """An encoder-decoder given labels but no decoder inputs decodes the labels shifted right (HF T5/BART)."""
         cfg = self.config  # type: ignore[attr-defined]
-        if labels is None or decoder_input_ids is not None or cfg.arch != "encoder-decoder":
+        if labels is None or decoder_input_ids is not None or not cfg.is_encoder_decoder:
             return decoder_input_ids
         return shift_right(labels, cfg.decoder_start_id, cfg.pad_id)
 
@@ -246,7 +246,7 @@ class HFSurface:
             top_p=top_p if do_sample else None, eos_id=eos, num_beams=num_beams, length_penalty=length_penalty,
             generator=generator, compile=compile,
         )  # fmt: skip
-        start = 1 if self.config.arch == "encoder-decoder" else input_ids.shape[1]  # type: ignore[attr-defined]
+        start = 1 if self.config.is_encoder_decoder else input_ids.shape[1]  # type: ignore[attr-defined]
         return _pad_after_eos(out, start, eos, pad_token_id)
 
     def save_pretrained(

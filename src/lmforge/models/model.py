@@ -88,12 +88,12 @@ class Transformer(HFSurface, nn.Module):
         self.config = cfg
         emb_dim = cfg.embedding_dim or cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, emb_dim)
-        if cfg.arch in ("encoder", "encoder-decoder"):
+        if cfg.has_encoder:
             self.encoder = Stack(cfg, cfg.n_layers, "bidirectional", cross=False)
-        if cfg.arch in ("decoder", "encoder-decoder"):
-            n = cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers
-            kind = cfg.mask if cfg.arch == "decoder" else "causal"
-            self.decoder = Stack(cfg, n, kind, cross=cfg.arch == "encoder-decoder")
+        if cfg.has_decoder:
+            n = cfg.decoder_layers if cfg.is_encoder_decoder else cfg.n_layers
+            kind = cfg.mask if cfg.is_decoder else "causal"
+            self.decoder = Stack(cfg, n, kind, cross=cfg.is_encoder_decoder)
         if cfg.pooler:
             self.pooler = nn.Linear(cfg.d_model, cfg.d_model)
         if cfg.rtd_head:
@@ -111,7 +111,7 @@ class Transformer(HFSurface, nn.Module):
         if cfg.mtp_heads:  # built and initialised after the trunk, which so initialises exactly as without heads
             self.mtp = MTPHeads(cfg)
             init_weights(self.mtp, cfg)
-        if cfg.arch == "encoder-decoder" and cfg.share_encoder_decoder:
+        if cfg.is_encoder_decoder and cfg.share_encoder_decoder:
             self._share_encoder_decoder()
         self.tie_weights()
 
@@ -178,8 +178,7 @@ class Transformer(HFSurface, nn.Module):
         n = offset + input_ids.shape[1]
         cfg = self.config
         # Checked on Python ints: no device sync, no graph break under torch.compile.
-        if cfg.position == "learned" and n > cfg.max_seq_len:
-            raise LMForgeError(f"sequence of length {n} exceeds max_seq_len {cfg.max_seq_len} for learned positions")
+        cfg.check_length(n, "sequence of length {n} exceeds max_seq_len {limit} for learned positions")
         return torch.arange(offset, n, device=input_ids.device)
 
     def encode(
@@ -195,7 +194,7 @@ class Transformer(HFSurface, nn.Module):
         """Encoder hidden states (B, T, d_model); attn_kind and prefix_len as in `forward`; `hidden_states` collects
         every layer's (see ModelOutput). position_ids (T,) or (B, T): each token's position when the input is not
         the contiguous 0..T-1 (MAE-LM's encoder sees the unmasked tokens at their own positions)."""
-        if self.config.position == "xl":
+        if self.config.position_scheme.recurrent:
             out = xl_forward(
                 self.encoder, self.tok_emb(input_ids), causal=False, key_padding=attention_mask,
                 token_type_ids=token_type_ids, output_hidden_states=hidden_states is not None,
@@ -212,7 +211,7 @@ class Transformer(HFSurface, nn.Module):
     def _xl_args(self, **xl) -> dict:
         """The Transformer-XL / XLNet arguments of a forward; LMForgeError when the model has no such stack."""
         cfg = self.config
-        if cfg.position != "xl" and any(v is not None and v is not False for v in xl.values()):
+        if not cfg.position_scheme.recurrent and any(v is not None and v is not False for v in xl.values()):
             raise LMForgeError(
                 f"model '{cfg.name}' has no Transformer-XL recurrence (model.position is '{cfg.position}')"
             )
@@ -225,10 +224,10 @@ class Transformer(HFSurface, nn.Module):
         """Forward of a Transformer-XL / XLNet stack (models/recurrence.py); xl: mems, use_mems, mem_len,
         perm_mask, query_positions."""
         cfg = self.config
-        stack = self.decoder if cfg.arch == "decoder" else self.encoder
+        stack = self.decoder if cfg.is_decoder else self.encoder
         mem_len = cfg.mem_len if xl["mem_len"] is None else xl["mem_len"]
         out = xl_forward(
-            stack, self.tok_emb(input_ids), causal=cfg.arch == "decoder", key_padding=attention_mask,
+            stack, self.tok_emb(input_ids), causal=cfg.is_decoder, key_padding=attention_mask,
             token_type_ids=token_type_ids, mems=xl["mems"], mem_len=mem_len if xl["use_mems"] else 0,
             perm_mask=xl["perm_mask"], query_positions=xl["query_positions"], cache=cache,
             output_hidden_states=output_hidden_states,
@@ -300,7 +299,7 @@ class Transformer(HFSurface, nn.Module):
         decoder_input_ids decodes the labels shifted right. num_items_in_batch: see `hf_surface.labels_loss`."""
         cfg = self.config
         decoder_input_ids = self._hf_decoder_inputs(labels, decoder_input_ids)
-        if attn_kind is not None and cfg.arch == "encoder-decoder":
+        if attn_kind is not None and cfg.is_encoder_decoder:
             raise LMForgeError(
                 "attn_kind (a self-attention kind per row) applies to one-stack models, not encoder-decoders"
             )
@@ -312,21 +311,21 @@ class Transformer(HFSurface, nn.Module):
         if isinstance(prefix_len, int):
             prefix_len = torch.full((input_ids.shape[0],), prefix_len, device=input_ids.device)
         if use_cache and cache is None:
-            cache = KVCache(cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers)
-        if cfg.position == "xl":
+            cache = KVCache(cfg.decoder_layers if cfg.is_encoder_decoder else cfg.n_layers)
+        if cfg.position_scheme.recurrent:
             out = self._forward_xl(
                 input_ids, attention_mask, token_type_ids, cache, xl, output_hidden_states, return_logits
             )
             return self._with_loss(out, labels, num_items_in_batch)
         enc = pooled = None
         hidden = [] if output_hidden_states else None
-        enc_hidden = [] if output_hidden_states and cfg.arch == "encoder-decoder" else None
-        if cfg.arch == "encoder":
+        enc_hidden = [] if output_hidden_states and cfg.is_encoder_decoder else None
+        if cfg.is_encoder:
             h = self.encode(
                 input_ids, attention_mask, token_type_ids, attn_kind, prefix_len, hidden_states=hidden,
                 position_ids=position_ids,
             )  # fmt: skip
-        elif cfg.arch == "decoder":
+        elif cfg.is_decoder:
             pos = self._positions(input_ids, cache, position_ids)
             h = self.decoder(
                 self.tok_emb(input_ids),

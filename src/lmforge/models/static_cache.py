@@ -28,7 +28,7 @@ def static_unsupported(model: nn.Module) -> str | None:
     from lmforge.models.stack import Stack
 
     cfg = model.config
-    if cfg.position == "xl":
+    if cfg.position_scheme.recurrent:
         return "Transformer-XL / XLNet relative attention (model.position='xl')"
     if cfg.attn_pattern != "dense":
         return f"sparse attention layers (model.attn_pattern='{cfg.attn_pattern}')"

@@ -183,8 +183,8 @@ def canonical(cfg: ModelConfig) -> dict:
     d["n_kv_heads"], d["head_dim"] = cfg.kv_heads, cfg.dim_head
     d["attn_bias"] = cfg.qkv_bias
     d["embedding_dim"] = None if cfg.embedding_dim in (None, cfg.d_model) else cfg.embedding_dim
-    d["n_decoder_layers"] = cfg.decoder_layers if cfg.arch == "encoder-decoder" else None
-    if cfg.position != "learned":
+    d["n_decoder_layers"] = cfg.decoder_layers if cfg.is_encoder_decoder else None
+    if cfg.max_positions is None:  # no learned table: max_seq_len and the offset size nothing
         d.pop("max_seq_len"), d.pop("position_offset")
     if cfg.position != "rope":
         d.pop("rope_base")
@@ -197,9 +197,9 @@ def canonical(cfg: ModelConfig) -> dict:
     if cfg.attn_pattern == "dense":
         for k in ("attn_band", "attn_stride", "attn_fixed_c", "attn_sparse_every", "attn_factorize"):
             d.pop(k)
-    if cfg.arch != "decoder":
+    if not cfg.is_decoder:
         d.pop("mask")
-    if cfg.arch != "encoder-decoder":
+    if not cfg.is_encoder_decoder:
         d.pop("share_encoder_decoder")
     if not cfg.lm_head:
         for k in ("tie_embeddings", "lm_head_transform", "lm_head_bias", "scale_tied_logits"):

@@ -22,7 +22,7 @@ _MASK_EMB = "transformer.mask_emb"
 
 
 def _stack(cfg: ModelConfig) -> str:
-    return "decoder" if cfg.arch == "decoder" else "encoder"
+    return "decoder" if cfg.is_decoder else "encoder"
 
 
 class XLNetConverter(Converter):
@@ -80,7 +80,7 @@ class XLNetConverter(Converter):
         return {
             "model_type": "xlnet",
             "architectures": ["XLNetLMHeadModel" if cfg.lm_head else "XLNetModel"],
-            "attn_type": "bi" if cfg.arch == "encoder" else "uni",
+            "attn_type": "bi" if cfg.is_encoder else "uni",
             "vocab_size": cfg.vocab_size,
             "d_model": cfg.d_model,
             "n_layer": cfg.n_layers,
