@@ -96,7 +96,10 @@ def rewrite_manifest(ckpt: Path) -> None:
         ("missing", "error: corpus path not found: {tmp}/nope.txt"),
         ("empty", "error: {tmp}/empty.txt: empty file (no documents)"),
         ("blank", "error: {tmp}/blank.txt: empty file (no documents)"),
-        ("empty_dir", "error: {tmp}/nothing: directory has no readable files ({readable})"),
+        (
+            "empty_dir",
+            "error: {tmp}/nothing: directory has no readable files ({readable}), nor is it a save_to_disk dataset",
+        ),
         ("binary", "error: {tmp}/blob.txt: binary file (contains NUL bytes; text must be UTF-8)"),
         ("jsonl", "error: {tmp}/bad.jsonl:3: malformed JSON (Expecting ',' delimiter, column 14)"),
         ("jsonl_field", "error: {tmp}/nofield.jsonl:2: no field 'text' (fields: body)"),
