@@ -7,24 +7,13 @@ import json
 
 import pytest
 import yaml
-from training_testing import make_prepared, restore_torch_globals
+from training_testing import make_prepared, run_main
 
 from lmforge.cli import main
 from lmforge.config import load_config
 
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(args))
-    except SystemExit as e:  # argparse's --help
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+pytestmark = pytest.mark.usefixtures("torch_globals")
+run = run_main
 
 
 def test_pretrain_help_lists_recipes_and_every_key_with_type_default_and_doc(capsys):

@@ -12,25 +12,13 @@ import pytest
 import tasks_testing as T
 import torch
 import yaml
-from training_testing import restore_torch_globals
+from training_testing import run_main
 
-from lmforge.cli import main
 from lmforge.config import RECIPES_DIR, load_config
 from lmforge.errors import LMForgeError
 
-
-@pytest.fixture(autouse=True)
-def _torch_globals():
-    yield from restore_torch_globals()
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(args))
-    except SystemExit as e:  # argparse's --help
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+pytestmark = pytest.mark.usefixtures("torch_globals")
+run = run_main
 
 
 def shown(capsys, *args: str) -> dict:

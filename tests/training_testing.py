@@ -35,3 +35,15 @@ def restore_torch_globals():
     yield
     torch.use_deterministic_algorithms(det)
     torch.set_num_threads(threads)
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """`lmforge ARGS` in this process → (exit code, stdout, stderr); an argparse exit (--help) counts as a return."""
+    from lmforge.cli import main
+
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
