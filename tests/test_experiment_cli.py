@@ -114,7 +114,8 @@ def test_random_init_arm_and_zero_shot_evaluation(tmp_path, docs):
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((out / "gpt1-pretraining-tiny.json").read_text())
     rows = {row["arm"]: row for row in data["rows"]}
-    assert list(rows) == ["pretrained", "pretrained-no-aux-lm", "random-init"]
+    assert list(rows) == ["pretrained", "pretrained-no-aux-lm", "random-init", "majority class", "tf-idf + LR"]
+    assert rows["majority class"]["values"]["sentiment dev accuracy"]["n"] == 1
     assert rows["pretrained"]["init"] == "gpt" and rows["random-init"]["init"] == "none"
     zero_shot = json.loads((out / "eval" / "zero-shot" / "gpt-s0" / "results.json").read_text())
     assert rows["pretrained"]["values"]["zero-shot accuracy"]["values"] == [100 * zero_shot["sentiment"]["accuracy"]]
