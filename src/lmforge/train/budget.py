@@ -11,6 +11,7 @@ evaluations during the run count; start-up before the loop, the final evaluation
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,12 @@ class TimeBudget:
         if self.decay_ratio is not None and step >= new_total - max(1, round(self.decay_ratio * new_total)):
             self.frozen = True  # the decay has begun: keep its end where it is
         return new_total
+
+    def warn_if_cut(self, step: int) -> None:
+        """A warning when the budget ends the run before WSD's decay could begin."""
+        if self.decay_ratio is not None and not self.frozen:
+            print(f"warning: train.time_budget ({self.seconds:g} s) was spent by step {step}, before the decay could "
+                  "begin: the run ends at its peak learning rate", file=sys.stderr)  # fmt: skip
 
     def state_dict(self) -> dict:
         return {"spent": self.elapsed(), "frozen": self.frozen}

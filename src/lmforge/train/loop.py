@@ -418,10 +418,8 @@ class Loop:
             total = broadcast_object(total, self.dist)
         if total != self.total:
             self._set_total(total)
-        cut = total == self.step and self.budget.decay_ratio is not None and not self.budget.frozen
-        if cut and self.dist.is_main:
-            print(f"warning: train.time_budget ({self.cfg.time_budget:g} s) was spent by step {self.step}, before "
-                  "the decay could begin: the run ends at its peak learning rate", file=sys.stderr)  # fmt: skip
+        if total == self.step and self.dist.is_main:
+            self.budget.warn_if_cut(self.step)
 
     def _stop_signal(self, stop: StopRequest) -> int | None:
         if not self.dist.enabled:
