@@ -34,9 +34,9 @@ from model_table import BENCH_MODELS, require_available  # noqa: E402
 from report import default_path, free_memory, one_line, write_results  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
-from lmforge.generate import decoding_steps, generate, sample  # noqa: E402
 from lmforge.models import Transformer  # noqa: E402
-from lmforge.static_decode import StaticSteps  # noqa: E402
+from lmforge.models.generate import decoding_steps, generate, sample  # noqa: E402
+from lmforge.models.static_decode import StaticSteps  # noqa: E402
 
 IMPLS = ("lmforge", "lmforge-compiled", "lmforge-static", "hf", "hf-static")
 """lmforge: eager, dynamic KV cache (the default); lmforge-compiled: generate(compile=True), static cache +

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.config import build_config
 from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.models.lm_head import cross_entropy
@@ -23,6 +22,7 @@ from lmforge.objectives import OBJECTIVES, Objective
 from lmforge.objectives.mlm import mlm_loss
 from lmforge.registry import MODELS
 from lmforge.train.metrics import flops_per_token
+from lmforge.train.pretrain_config import build_config
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[nn.Module, Batch], Tensor]

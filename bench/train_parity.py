@@ -59,8 +59,8 @@ sys.path.append(str(_HERE.parent / "src"))
 
 from parity_refs import n_weights, reference  # noqa: E402
 
-from lmforge.config import Config, load_config, to_dict  # noqa: E402
 from lmforge.errors import LMForgeError  # noqa: E402
+from lmforge.train.pretrain_config import Config, load_config, to_dict  # noqa: E402
 
 IMPLS = ("lmforge", "hf", "nanogpt", "nanot5")
 NOISE_SEED = 0x7A1B  # global-generator seed of step s (plus s): ELECTRA's samples and dropout, alike on both sides

@@ -14,9 +14,9 @@ import argparse
 import json
 from pathlib import Path
 
+from lmforge.data.labelled_readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
 from lmforge.errors import LMForgeError
 from lmforge.eval.baselines import classification_baselines
-from lmforge.tasks.readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
 
 
 def load_set(name: str) -> dict:

@@ -39,7 +39,7 @@ def sources_md(meta: dict, sizes: dict[str, int]) -> str:
     )
     return f"""# Bundled labelled sets
 
-Used by `lmforge.tasks.readers.load_bundled(name)` so that fine-tuning runs without network access.
+Used by `lmforge.data.labelled_readers.load_bundled(name)` so that fine-tuning runs without network access.
 Built by `scripts/build_labelled.py`; do not edit by hand.
 
 ## sentiment

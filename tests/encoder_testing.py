@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge.config import load_config
 from lmforge.data import load_default_corpus, prepare
 from lmforge.models import ModelConfig
 from lmforge.objectives import OBJECTIVES
 from lmforge.tokenizers import Tokenizer, train_tokenizer
+from lmforge.train.pretrain_config import load_config
 
 
 @pytest.fixture(autouse=False)

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from lm_objective_testing import TINY_DECODER
 
-from lmforge.config import TrainConfig
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
 from lmforge.train.distributed import init_distributed
@@ -19,6 +18,7 @@ from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, read_metrics
 from lmforge.train.parallel import full_state_dict
 from lmforge.train.prefetch import Batch
+from lmforge.train.pretrain_config import TrainConfig
 
 
 class Poisoned:

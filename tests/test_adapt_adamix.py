@@ -28,11 +28,11 @@ from lmforge.adapt import (
     symmetric_kl,
     trainable_parameters,
 )
+from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
+from lmforge.loading import load_finetuned
 from lmforge.registry import TASKS
-from lmforge.tasks.backbone import load_finetuned
 from lmforge.tasks.config import load_finetune_config
-from lmforge.tasks.examples import Dataset
 from lmforge.tasks.inputs import collate
 from lmforge.train.finetune import FineTuner
 

@@ -10,8 +10,8 @@ import torch
 
 from lmforge.adapt import PrefixEncoder, apply_peft, bake_prefix
 from lmforge.errors import LMForgeError
-from lmforge.generate import decoding_steps, generate
 from lmforge.models import Transformer, get_preset
+from lmforge.models.generate import decoding_steps, generate
 
 V = 120
 P = 3

@@ -126,7 +126,7 @@ def test_instruction_tuning_changes_the_answers_to_follow_the_template(sft_run, 
     the sentiment instructions it answers with "positive" or "negative" (the template's response format)."""
     from lmforge.align.data import read_instructions
     from lmforge.align.templates import get_template
-    from lmforge.generate import generate
+    from lmforge.models.generate import generate
 
     run, _ = sft_run
     tuned, tok = load(run)

@@ -150,7 +150,7 @@ def test_malformed_preference_lines(tmp_path):
 
 
 def test_sentiment_sets_come_from_the_bundled_labels():
-    from lmforge.tasks.readers import load_bundled
+    from lmforge.data.labelled_readers import load_bundled
 
     ds = load_bundled("sentiment")["dev"]
     convs = sentiment_instructions("dev", 50)

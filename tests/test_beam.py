@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_generate import decoder, left_padded, right_padded, seq2seq
 
-from lmforge.beam import beam_search
-from lmforge.generate import decoding_steps, generate
+from lmforge.models.beam import beam_search
+from lmforge.models.generate import decoding_steps, generate
 
 
 def reference_beam_search(logprobs, K: int, n: int, eos: int, length_penalty: float) -> list[int]:

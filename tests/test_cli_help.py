@@ -14,8 +14,9 @@ import torch
 import yaml
 from training_testing import run_main
 
-from lmforge.config import RECIPES_DIR, load_config
+from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
+from lmforge.train.pretrain_config import load_config
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
 run = run_main

@@ -12,9 +12,9 @@ import torch
 from lmforge.compress.cli import cmd_compress_report
 from lmforge.compress.config import load_compress_config
 from lmforge.compress.report import Row, format_table
+from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import load_finetune_config
-from lmforge.tasks.examples import Dataset
 from lmforge.train.finetune import FineTuner
 
 

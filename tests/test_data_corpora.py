@@ -32,11 +32,11 @@ from lmforge.data.corpora import (
     speech_records,
 )
 from lmforge.data.fetch import FETCHERS, built_size, catalogue, format_catalogue
+from lmforge.data.labelled_readers import load_fetched
 from lmforge.data.mix import ParagraphDeduper, mix_records
 from lmforge.data.sets import aclsum_set, drug_review_set
 from lmforge.data.tagged import brown_pos_set, oanc_pos_set
 from lmforge.errors import LMForgeError
-from lmforge.tasks.readers import load_fetched
 
 
 def _tgz(path: Path, files: dict[str, bytes]) -> Path:

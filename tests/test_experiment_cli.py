@@ -14,8 +14,8 @@ import pytest
 from training_testing import write_docs
 
 from lmforge.cli import main
+from lmforge.data.labelled_readers import load_bundled
 from lmforge.eval.baselines import classification_baselines
-from lmforge.tasks.readers import load_bundled
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -46,7 +46,7 @@ def test_require_imports_an_installed_module_and_refuses_a_missing_one_in_one_li
 
 
 def test_a_metric_without_its_library_fails_at_its_use_site_and_before_fine_tuning(monkeypatch):
-    from lmforge.eval import metrics
+    from lmforge import metrics
     from lmforge.tasks.scoring import require_metric_packages
 
     hide(monkeypatch, "scipy", "sklearn")

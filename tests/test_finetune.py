@@ -12,14 +12,14 @@ import tasks_testing as T
 import torch
 import yaml
 
-from lmforge.config import load_config
+from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled_readers import load_labelled_dir
 from lmforge.errors import LMForgeError
 from lmforge.finetune_cli import cmd_eval, majority_baseline
-from lmforge.tasks.backbone import load_finetuned
+from lmforge.loading import load_finetuned
 from lmforge.tasks.config import RECIPES, load_finetune_config
-from lmforge.tasks.examples import Dataset, Example
-from lmforge.tasks.readers import load_labelled_dir
 from lmforge.train.finetune import FineTuner
+from lmforge.train.pretrain_config import load_config
 
 TESTS = Path(__file__).parent
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig, load_finetune_config
 from lmforge.tasks.data import data_label, load_splits
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.seq2seq import copy_baseline
 
 PAIRS = [

@@ -12,7 +12,7 @@ import yaml
 
 import lmforge
 from lmforge.errors import LMForgeError
-from lmforge.tasks.backbone import load_finetuned
+from lmforge.loading import load_finetuned
 from lmforge.tasks.config import FtDataConfig
 from lmforge.tasks.data import data_label, load_splits
 

@@ -19,10 +19,10 @@ from transformers import (
 
 import lmforge
 from lmforge.cli import main
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
+from lmforge.loading import load_finetuned
 from lmforge.registry import TASKS
-from lmforge.tasks.backbone import load_finetuned
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.hf_export import save_hf_dir, task_to_hf
 from lmforge.tasks.inputs import collate
 from lmforge.tasks.tagging import first_subtokens

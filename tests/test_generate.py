@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lmforge.errors import LMForgeError
-from lmforge.generate import decoding_steps, filter_logits, generate, generate_text, next_token
 from lmforge.models import ModelConfig, Transformer, get_preset
+from lmforge.models.generate import decoding_steps, filter_logits, generate, generate_text, next_token
 
 V = 40
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from test_generate import CharTokenizer, V, decoder, full_forward_logits, left_padded, right_padded, seq2seq
 
-from lmforge.beam import beam_search
 from lmforge.cli import main
-from lmforge.generate import decoding_steps, generate, sample
 from lmforge.models import Transformer, get_preset
+from lmforge.models.beam import beam_search
+from lmforge.models.generate import decoding_steps, generate, sample
 from lmforge.models.static_cache import _POOL, StaticKVCache
-from lmforge.static_decode import StaticSteps
+from lmforge.models.static_decode import StaticSteps
 
 # ------------------------------------------------------------------------------ static cache, eager
 

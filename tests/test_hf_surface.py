@@ -11,8 +11,8 @@ from model_testing import padded_batch, tiny
 
 import lmforge
 from lmforge.errors import LMForgeError
-from lmforge.generate import generate
 from lmforge.models import Transformer
+from lmforge.models.generate import generate
 from lmforge.models.hf_surface import shift_right
 from lmforge.objectives.mlm import mlm_loss
 from lmforge.objectives.seq2seq import seq2seq_loss

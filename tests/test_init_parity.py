@@ -42,11 +42,11 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from lmforge.config import model_config_from_dict
+from lmforge.checkpoints import upgrade_saved_model
 from lmforge.models import Transformer, get_preset
-from lmforge.models.config import upgrade_saved_model
 from lmforge.models.hf.base import converter_of
 from lmforge.models.init import token_embedding_std
+from lmforge.models.presets import model_config_from_dict
 from lmforge.objectives.electra import ElectraModel, generator_config
 from lmforge.objectives.mae_lm import decoder_config
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.data import labelled, packages
+from lmforge.data.examples import Example
 from lmforge.data.fetch import LABELLED, fetch, fetch_summary, list_fetchers, list_labelled
 from lmforge.data.labelled import (
     ROTTEN_MEMBER,
@@ -37,9 +38,8 @@ from lmforge.data.labelled import (
     split_examples,
     split_of,
 )
+from lmforge.data.labelled_readers import load_bundled, load_fetched
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Example
-from lmforge.tasks.readers import load_bundled, load_fetched
 
 ROTTEN_CSV = (
     "category,text,movie_name,has_plot_and_reviews\n"

@@ -5,11 +5,11 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.config import TrainConfig
 from lmforge.models import Transformer, get_preset
 from lmforge.tasks.heads import SequenceHead
 from lmforge.tasks.model import TaskModel
 from lmforge.train.optim import Schedule, build_optimizer, layer_depths, param_groups
+from lmforge.train.pretrain_config import TrainConfig
 
 
 def _depth_of(depths: dict[str, int], fragment: str) -> set[int]:

@@ -10,8 +10,8 @@ import lmforge
 from lmforge.adapt.lora import LoRALinear
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
+from lmforge.loading import load_finetuned
 from lmforge.models import Transformer
-from lmforge.tasks.backbone import load_finetuned
 
 SMALL = {"max_train": 64, "max_eval": 32}
 

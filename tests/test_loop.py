@@ -10,7 +10,6 @@ import pytest
 import torch
 from lm_objective_testing import TINY_DECODER, objective
 
-from lmforge.config import TrainConfig
 from lmforge.data import TokenLoader
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
@@ -21,6 +20,7 @@ from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, read_metrics
 from lmforge.train.prefetch import Batch, Prefetcher
 from lmforge.train.pretrain import ObjectiveBatches
+from lmforge.train.pretrain_config import TrainConfig
 
 
 @pytest.fixture(scope="module")

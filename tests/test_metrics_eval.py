@@ -10,7 +10,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from lmforge.errors import LMForgeError
-from lmforge.eval.metrics import (
+from lmforge.metrics import (
     METRICS,
     accuracy,
     bleu,

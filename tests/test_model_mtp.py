@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lmforge.errors import LMForgeError
-from lmforge.generate import decoding_steps, sample
 from lmforge.models import ModelConfig, Transformer, get_preset
+from lmforge.models.generate import decoding_steps, sample
 
 TINY = dict(arch="decoder", vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=32)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import lmforge
+from lmforge.checkpoints import upgrade_saved_model
 from lmforge.models import Transformer, get_preset
-from lmforge.models.config import upgrade_saved_model
 from lmforge.models.layers import Attention, AttnInputs
 from lmforge.models.positions import ShawRelativePosition
 from lmforge.train.checkpoint import read_config, write_checkpoint_dir

@@ -14,8 +14,8 @@ from model_testing import ATOL, V, save_hf, tiny
 from xl_testing import boost_relative
 
 from lmforge.errors import LMForgeError
-from lmforge.generate import generate
 from lmforge.models import Transformer, get_preset
+from lmforge.models.generate import generate
 from lmforge.models.hf import import_hf
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ import torch
 from encoder_testing import docs, objective, one_thread, overfit, tokenizer, windows  # noqa: F401
 
 from lmforge.api import load
+from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
 from lmforge.objectives import masking as M
 from lmforge.objectives.mae_lm import MAELMModel
 from lmforge.tasks.config import load_finetune_config
-from lmforge.tasks.examples import Dataset
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.finetune import FineTuner
 

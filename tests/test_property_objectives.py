@@ -22,12 +22,13 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from lmforge.config import RECIPES_DIR, build_config, read_yaml
+from lmforge.config import RECIPES_DIR, read_yaml
 from lmforge.data import load_default_corpus
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.seq2seq import ordinary_ids
 from lmforge.tokenizers import train_tokenizer
+from lmforge.train.pretrain_config import build_config
 
 IGNORE = -100
 SEQ_LENS = (8, 13, 24)

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Example
-from lmforge.tasks.readers import (
+from lmforge.data.examples import Example
+from lmforge.data.labelled_readers import (
     CONLL_NER_LABELS,
     bundled_names,
     example_from_dict,
@@ -30,6 +29,7 @@ from lmforge.tasks.readers import (
     read_table,
     write_examples,
 )
+from lmforge.errors import LMForgeError
 
 FIX = Path(__file__).parent / "fixtures"
 ALLEN = FIX / "allennlp"

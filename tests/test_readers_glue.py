@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.data.glue import GLUE_TASKS, glue_metrics, glue_task, read_glue, read_superglue
 from lmforge.errors import LMForgeError
-from lmforge.tasks.glue import GLUE_TASKS, glue_metrics, glue_task, read_glue, read_superglue
 
 FIX = Path(__file__).parent / "fixtures"
 GLUE = FIX / "glue"
@@ -78,13 +78,6 @@ def test_test_splits_are_unlabelled() -> None:
         assert ds.examples and all(e.label is None for e in ds.examples), task
     cola = read_glue("cola", GLUE, "test").examples
     assert [(e.id, e.text) for e in cola] == [("0", "Bill whistled past the house."), ("1", cola[1].text)]
-
-
-def test_readers_module_reexports() -> None:
-    from lmforge.tasks import readers
-
-    assert [e.label for e in readers.read_glue("wnli", GLUE, "dev").examples] == ["not_entailment"]
-    assert [e.label for e in readers.read_superglue("copa", SUPER, "dev").examples] == [1]
 
 
 def test_msr_paraphrase_original_file_names(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.data.glue import read_superglue
+from lmforge.data.winograd import as_referent, read_dpr, read_wsc_xml
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig
 from lmforge.tasks.data import load_splits
 from lmforge.tasks.race import read_race
-from lmforge.tasks.readers import read_superglue
-from lmforge.tasks.winograd import as_referent, read_dpr, read_wsc_xml
 
 FIX = Path(__file__).parent / "fixtures"
 RACE, WINO = FIX / "race", FIX / "winograd"

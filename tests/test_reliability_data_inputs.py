@@ -21,10 +21,10 @@ import pytest
 
 from lmforge.cli import main
 from lmforge.data import load_default_corpus, readers
+from lmforge.data.labelled_readers import read_table
 from lmforge.data.prepare import _SplitWriter
 from lmforge.data.readers import read_documents
 from lmforge.errors import LMForgeError
-from lmforge.tasks.readers import read_table
 from lmforge.tokenizers import train_tokenizer
 
 TEXTS = [f"Document {i}: the {w} bells rang out over the town." for i, w in enumerate(["grey", "cold", "warm"] * 4)]

@@ -191,7 +191,7 @@ def labelled_set(root: Path, train: list[tuple[str, str]]) -> Path:
 
 
 def test_label_outside_the_label_set_names_file_and_line(tmp_path, capsys):
-    from lmforge.tasks.readers import read_table
+    from lmforge.data.labelled_readers import read_table
 
     table = tmp_path / "reviews.csv"
     table.write_text("text,label\ngood film,positive\ndull,negative\nmeh,neutral\n")
@@ -230,7 +230,7 @@ def test_debug_shows_the_traceback(tmp_path):
     debug = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, env=env, timeout=300)
     assert debug.returncode == 1
     assert debug.stderr.startswith("Traceback (most recent call last):")
-    assert 'lmforge/config.py", line' in debug.stderr
+    assert 'lmforge/config/core.py", line' in debug.stderr
     assert debug.stderr.strip().splitlines()[-1] == (
         "lmforge.errors.LMForgeError: unknown config key 'train.lrr' — did you mean 'train.lr'?"
     )
@@ -476,7 +476,7 @@ def test_overlong_generation_prompt_errors_by_default(small_run, capsys):
 
 def test_overlong_prompt_truncation_keeps_the_end_and_warns(small_run, capsys):
     from lmforge.api import load
-    from lmforge.generate import generate, generate_text
+    from lmforge.models.generate import generate, generate_text
 
     model, tok = load(small_run)
     prompt = "It is a truth universally acknowledged, " * 20
@@ -491,8 +491,8 @@ def test_overlong_prompt_truncation_keeps_the_end_and_warns(small_run, capsys):
 
 
 def test_overlong_encoder_decoder_source_keeps_the_start(capsys):
-    from lmforge.generate import generate, generate_text
     from lmforge.models import Transformer, get_preset
+    from lmforge.models.generate import generate, generate_text
 
     tok = train_tokenizer(load_default_corpus()[:3], "bpe", 400, family="bart")
     capsys.readouterr()  # its status line (printed unless an earlier CLI call in this process was --quiet)

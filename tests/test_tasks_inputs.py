@@ -4,9 +4,9 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.inputs import GPT_TOKENS, add_task_tokens, collate, make_framer, resize_embeddings, truncate_pair
 
 PREMISE = "It is a truth universally acknowledged"

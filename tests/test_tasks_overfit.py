@@ -4,8 +4,8 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.inputs import collate
 
 SENTENCES = T.sentiment(8, seed=3).examples

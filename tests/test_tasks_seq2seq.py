@@ -4,9 +4,9 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.inputs import collate
 from lmforge.tasks.seq2seq import fit, render, template_tail
 
@@ -141,7 +141,7 @@ def test_seq2seq_needs_a_generative_model():
 
 
 def test_seq2seq_evaluation_scores_generations_with_rouge():
-    from lmforge.eval.metrics import rouge
+    from lmforge.metrics import rouge
 
     t, m, _ = build("seq2seq", "bart", "bart-tiny")
     outs = ["a man wants a wife", "the nation endures"]

@@ -6,8 +6,8 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.span_qa import best_spans, char_to_token_span, max_context, windows
 
 CONTEXT = T.GETTYSBURG.split("\n\n")[0].replace("\\\n", "")

@@ -4,9 +4,9 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.tagging import bio_entities, entity_scores, first_subtokens
 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]

@@ -9,7 +9,6 @@ import pytest
 import torch
 from lm_objective_testing import TINY_DECODER
 
-from lmforge.config import TrainConfig
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
 from lmforge.train.budget import TimeBudget
@@ -17,6 +16,7 @@ from lmforge.train.distributed import DistInfo
 from lmforge.train.loop import Loop, LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, read_metrics
 from lmforge.train.prefetch import Batch
+from lmforge.train.pretrain_config import TrainConfig
 
 
 class _Clock:

@@ -30,9 +30,9 @@ def evaluate_runs(out: Path, overrides: list[str]) -> None:
     """Build each run on this rank and evaluate its initial weights as the training loop does."""
     import torch
 
-    from lmforge.config import load_config
     from lmforge.train.distributed import cleanup
     from lmforge.train.pretrain import Pretraining
+    from lmforge.train.pretrain_config import load_config
 
     torch.set_num_threads(1)
     metrics, p = {}, None

@@ -5,6 +5,7 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.fewshot import PromptClassify, PromptGenerate, PromptOptions, build_prompt, sample_demos
 from lmforge.eval.lm import LM, rolling_windows, split_trailing_space
@@ -18,7 +19,6 @@ from lmforge.eval.zeroshot import (
     best_threshold,
     load_prompt_config,
 )
-from lmforge.tasks.examples import Dataset, Example
 
 CTX = "It is a truth universally acknowledged, that a single"
 CONT = " man in possession"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import tasks_testing as T
 
+from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import Scored
 from lmforge.eval.zeroshot import Choice, ChoiceOptions, Winograd, WinogradOptions, load_prompt_config
 from lmforge.tasks.data import load_splits
-from lmforge.tasks.examples import Dataset
 
 FIX = Path(__file__).parent / "fixtures"
 TESTS = Path(__file__).parent

@@ -19,16 +19,10 @@ from typing import Any
 
 import torch
 
-from lmforge.config import (
-    Config,
-    load_config,
-    load_resume_config,
-    merge_dicts,
-    parse_overrides,
-    resolved_run_dir,
-)
+from lmforge.config import merge_dicts, parse_overrides, resolved_run_dir
 from lmforge.errors import LMForgeError
 from lmforge.loading import load
+from lmforge.train.pretrain_config import Config, load_config, load_resume_config
 
 
 @dataclass

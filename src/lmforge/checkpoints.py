@@ -12,7 +12,6 @@ import yaml
 
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file, os_reason
-from lmforge.models.config import upgrade_saved_model
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
@@ -136,3 +135,12 @@ def newest_config(run_dir: Path) -> tuple[Path, dict] | None:
         except (OSError, ValueError, KeyError, TypeError, LMForgeError):
             continue  # an unfinished save, or a damaged one: an older checkpoint may hold an intact config
     return None
+
+
+def upgrade_saved_model(section: dict) -> dict:
+    """A model section read from a saved run, with fields added after it was written set to what the saved model
+    computes where their defaults would not: a Shaw model saved before `shaw_values` existed has no value term.
+    (`init_scheme` and `zero_pad_embedding` need nothing: their defaults are the init every model had before them.)"""
+    if section.get("position") == "shaw" and "shaw_values" not in section:
+        return {**section, "shaw_values": False}
+    return section

@@ -36,7 +36,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 
 def _report_pretrain(trainer, final: dict) -> None:
     from lmforge.data import unigram_cross_entropy
-    from lmforge.generate import generate_text
+    from lmforge.models.generate import generate_text
 
     cfg = trainer.cfg
     base = unigram_cross_entropy(trainer.data_dir)
@@ -113,8 +113,8 @@ def _compress(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> None:
     import torch
 
-    from lmforge.generate import generate_text
     from lmforge.loading import load
+    from lmforge.models.generate import generate_text
 
     try:
         device = torch.device(args.device)

@@ -187,10 +187,10 @@ def _options(title: str, registry, key: str, values: dict | None = None) -> list
 
 def pretrain_help(recipe: str | None, overrides: list[str], values: dict) -> str:
     """`lmforge pretrain --help`'s epilog; `values`: the resolved config of `recipe` with `overrides`."""
-    from lmforge.config import Config
     from lmforge.models.config import ModelConfig
     from lmforge.objectives import OBJECTIVES
     from lmforge.registry import MODELS
+    from lmforge.train.pretrain_config import Config
 
     parts = [*_header("pretrain", recipe, "demo", list(overrides)), "", "config keys (--section.key=value):"]
     preset = _fmt(get_key(values, "model.name"))

@@ -75,7 +75,7 @@ def majority_baseline(train, dev) -> float | None:
 
 
 def _finetuned_run(path: Path) -> bool:
-    from lmforge.tasks.backbone import _is_hf_only, is_finetuned
+    from lmforge.loading import _is_hf_only, is_finetuned
     from lmforge.train import checkpoint as ckpt
 
     if _is_hf_only(path):
@@ -89,7 +89,7 @@ def _finetuned_run(path: Path) -> bool:
 def eval_finetuned(path: Path, overrides: list[str], split: str) -> dict[str, dict[str, float]]:
     """{task name: metrics} of a fine-tuned run on `split` of its data (data.* overridable)."""
     from lmforge.config import merge_dicts, parse_overrides
-    from lmforge.tasks.backbone import load_finetuned
+    from lmforge.loading import load_finetuned
     from lmforge.tasks.config import build_finetune_config, finetune_to_dict
     from lmforge.tasks.data import data_label, load_splits
 
@@ -99,7 +99,7 @@ def eval_finetuned(path: Path, overrides: list[str], split: str) -> dict[str, di
     splits = load_splits(cfg.data)
     name = data_label(cfg.data)
     if split not in splits and cfg.data.source == "glue":  # e.g. MNLI's dev_mismatched
-        from lmforge.tasks.glue import read_glue
+        from lmforge.data.glue import read_glue
 
         splits[split] = read_glue(cfg.data.name, Path(cfg.data.dir or "."), split)
         name = f"{name}_mm" if split.endswith("mismatched") else f"{name}-{split}"
@@ -154,8 +154,7 @@ def results_table(results: dict[str, dict[str, float]]) -> str:
 
 def eval_prompted(path: Path, tasks: list[str], overrides: list[str], split: str | None) -> dict[str, dict[str, float]]:
     from lmforge.eval.zeroshot import load_prompt_config, run_prompt_eval
-    from lmforge.loading import load
-    from lmforge.tasks.backbone import load_finetuned
+    from lmforge.loading import load, load_finetuned
 
     if _finetuned_run(path):
         _, task_model, tokenizer, _ = load_finetuned(path)

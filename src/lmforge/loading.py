@@ -1,16 +1,31 @@
-"""Load a trained model and its tokenizer from a run dir, a checkpoint dir or a Hugging Face model dir."""
+"""Reading any run back: a trained model and its tokenizer from a run dir, a checkpoint dir or a Hugging Face model
+dir (`load`); a fine-tuned run as its task, task model and config (`load_finetuned`); the backbone a fine-tuning run
+starts from (`load_backbone`: a preset, a pretrained or fine-tuned run, a Hugging Face dir)."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from lmforge.config import model_config_from_dict
+from lmforge.adapt import merge_and_unload
+from lmforge.adapt.adamix import merge_adamix
+from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
+from lmforge.models.hf import import_hf, is_hf_dir
+from lmforge.models.presets import model_config_from_dict
+from lmforge.objectives import OBJECTIVES
+from lmforge.registry import MODELS, TASKS
+from lmforge.tasks.backbone import SECTIONS, _tokenizer_for, random_backbone, task_token_rows
+from lmforge.tasks.config import FtModelConfig, build_finetune_config
+from lmforge.tasks.predictor import FineTunedTransformer
+from lmforge.tokenizers import Tokenizer
+from lmforge.train import checkpoint as ckpt
 
 
 def load(path: str | Path, device: str | torch.device = "cpu"):
@@ -40,8 +55,6 @@ _ROTATION_RETRIES = 20
 
 def _checkpoint_names(path: Path) -> list[str] | None:
     """The names in a run dir's checkpoints/ (None for anything else: a checkpoint dir is read as it is)."""
-    from lmforge.train import checkpoint as ckpt
-
     try:
         return sorted(os.listdir(path / ckpt.CHECKPOINTS_DIR))
     except OSError:
@@ -49,10 +62,6 @@ def _checkpoint_names(path: Path) -> list[str] | None:
 
 
 def _load(path: Path, device: str | torch.device):
-    from lmforge.models.hf import import_hf, is_hf_dir
-    from lmforge.tokenizers import Tokenizer
-    from lmforge.train import checkpoint as ckpt
-
     if is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists():
         model, c = import_hf(path), path
         try:
@@ -60,8 +69,6 @@ def _load(path: Path, device: str | torch.device):
         except LMForgeError:
             tokenizer = None  # e.g. a tokenizer model type lmforge does not wrap
     else:
-        from lmforge.tasks.backbone import is_finetuned
-
         c = ckpt.model_checkpoint(path)
         cfg = ckpt.read_config(c)
         if is_finetuned(cfg):
@@ -85,10 +92,6 @@ def _finetuned_backbone(c: Path):
     """The fine-tuned weights of a `lmforge finetune` checkpoint as a Transformer (LoRA folded into the weights) that
     also predicts with the run's task head (`model.predict(texts)`, tasks/predictor.py), with the run's tokenizer
     (task tokens included)."""
-    from lmforge.adapt import merge_and_unload
-    from lmforge.tasks.backbone import load_finetuned
-    from lmforge.tasks.predictor import FineTunedTransformer
-
     task, tuned, tokenizer, cfg = load_finetuned(c)
     backbone = merge_and_unload(tuned.backbone) if cfg.peft.method == "lora" else tuned.backbone
     with torch.device("meta"):
@@ -106,11 +109,6 @@ def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
     discriminator, PPO's policy and value function) names, as `export_module` (of its objective, or in its
     config.yaml), the one that `config.yaml`'s model section describes and `load` returns; the other networks'
     weights stay in the checkpoint."""
-    from torch import nn
-
-    from lmforge.objectives import OBJECTIVES
-    from lmforge.train import checkpoint as ckpt
-
     name = (cfg.get("objective") or {}).get("name")
     prefix = getattr(OBJECTIVES.get(name), "export_module", "") if name in OBJECTIVES else ""
     prefix = cfg.get("export_module") or prefix
@@ -122,3 +120,56 @@ def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
     missing, _ = ckpt.load_weights(c, holder, strict=False)
     if missing:
         raise LMForgeError(f"checkpoint does not match the model: key '{missing[0]}' is missing from the checkpoint")
+
+
+def is_finetuned(ckpt_config: dict) -> bool:
+    return "backbone" in ckpt_config and "task" in ckpt_config
+
+
+def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
+    """(backbone, tokenizer) for `model.init`: a preset or "none" (random init), a pretrained run / checkpoint /
+    Hugging Face dir (`lmforge.load`), or a fine-tuned run (its backbone, e.g. MNLI before RTE)."""
+    init = cfg.init
+    if init == "none":
+        return random_backbone(cfg.preset, cfg, texts)
+    path = Path(init)
+    if not path.exists():
+        if init in MODELS:
+            return random_backbone(init, cfg, texts)
+        raise LMForgeError(f"model.init: '{init}' is neither a run/checkpoint/model dir nor a model preset")
+
+    if not _is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path))):
+        _, model, tokenizer, _ = load_finetuned(path)
+        return model.backbone, tokenizer
+    model, tokenizer = load(path)
+    if tokenizer is None:
+        if not cfg.tokenizer:
+            raise LMForgeError(f"{init} has no tokenizer lmforge can read: set model.tokenizer")
+        tokenizer = _tokenizer_for(cfg, model.config.arch, texts)
+    return model, tokenizer
+
+
+def _is_hf_only(path: Path) -> bool:
+    return is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists()
+
+
+def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):
+    """(task, TaskModel in eval mode, tokenizer, FinetuneConfig) of a fine-tuned run or checkpoint dir. An AdaMix
+    model comes back merged (`merge_adamix`): one adapter per site with the experts' averaged weights."""
+    c = ckpt.model_checkpoint(Path(path))
+    raw = ckpt.read_config(c)
+    if not is_finetuned(raw):
+        raise LMForgeError(f"{c} is not a fine-tuned checkpoint (its config has no task and backbone sections)")
+    cfg = build_finetune_config({k: raw[k] for k in SECTIONS if k in raw})
+    tokenizer = Tokenizer.load(c)
+    if raw.get("adapter_only"):  # the frozen weights are model.init's; the checkpoint holds the adapter + head
+        backbone, _ = load_backbone(cfg.model, lambda: [])
+    else:
+        backbone = Transformer(model_config_from_dict(raw["backbone"]))
+    task = TASKS.get(cfg.task.type)(cfg.task.options, tokenizer, raw.get("labels"))
+    model = task.build(backbone)
+    apply_peft_section(model, cfg.peft)
+    ckpt.load_weights(c, AdapterWeights(model, task_token_rows(tokenizer)) if raw.get("adapter_only") else model)
+    if cfg.peft.method == "adamix":  # AdaMix §3.3: inference runs one adapter per site, the experts' average
+        merge_adamix(model)
+    return task, model.to(device).eval(), tokenizer, cfg

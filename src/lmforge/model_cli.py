@@ -20,8 +20,8 @@ def cmd_model_info(preset: str, batch: int | None = None, seq: int | None = None
         print(PUBLISHED_TABLES[preset]())
         return
     if Path(preset).exists():  # what a run or checkpoint built
-        from lmforge.config import model_config_from_dict
-        from lmforge.tasks.backbone import is_finetuned
+        from lmforge.loading import is_finetuned
+        from lmforge.models.presets import model_config_from_dict
         from lmforge.train import checkpoint as ckpt
 
         raw = ckpt.read_config(ckpt.model_checkpoint(Path(preset)))

@@ -72,7 +72,7 @@ def cmd_predict(
     """Print the fine-tuned run's prediction for each input, one line each (`as_json`: a JSON object per line with
     the input, the prediction and, for classifiers, the label probabilities); returns the results."""
     from lmforge.finetune_cli import _finetuned_run
-    from lmforge.tasks.backbone import load_finetuned
+    from lmforge.loading import load_finetuned
     from lmforge.tasks.predictor import Predictor, as_example
 
     p = Path(path)

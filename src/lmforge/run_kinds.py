@@ -31,14 +31,14 @@ class RunKind:
 
 
 def _pretrain_schema() -> type:
-    from lmforge.config import Config
+    from lmforge.train.pretrain_config import Config
 
     return Config
 
 
 def _pretrain_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
     from lmforge.api import pretrain_config
-    from lmforge.config import to_dict
+    from lmforge.train.pretrain_config import to_dict
 
     return to_dict(pretrain_config(recipe, overrides, resume=resume))
 

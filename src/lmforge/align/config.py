@@ -10,9 +10,9 @@ from typing import Literal
 
 from lmforge.align.train import AlignTrainConfig
 from lmforge.config import all_keys, build_dataclass, recipe_dict, write_yaml
-from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, PosFloat, PosInt, UnitFraction
+from lmforge.config.sections import RunConfig
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, PosFloat, PosInt, UnitFraction
 from lmforge.errors import LMForgeError
-from lmforge.sections import RunConfig
 
 Method = Literal["sft", "reward", "dpo", "ppo"]
 

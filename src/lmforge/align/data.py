@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmforge.align.templates import Conversation, Message, check_turns
+from lmforge.data.labelled_readers import fail, read_jsonl
 from lmforge.errors import LMForgeError
-from lmforge.tasks.readers import fail, read_jsonl
 
 ROLES = ("system", "user", "assistant")
 

@@ -56,7 +56,7 @@ def _cap(items: list, limit: int | None) -> list:
 
 def sentiment_instructions(split: Split = "train", limit: int | None = None) -> list[Conversation]:
     """Bundled sentiment snippets as instructions; the response is the label word."""
-    from lmforge.tasks.readers import load_bundled
+    from lmforge.data.labelled_readers import load_bundled
 
     ds = load_bundled("sentiment")[split]
     out = []
@@ -72,7 +72,7 @@ def debian_instructions(
     split: Split = "train", limit: int | None = None, max_words: int = 120, cache_dir: Path | None = None
 ) -> list[Conversation]:
     """Debian long descriptions → synopsis (needs `lmforge data fetch debian-descriptions` first)."""
-    from lmforge.tasks.readers import load_fetched
+    from lmforge.data.labelled_readers import load_fetched
 
     ds = load_fetched("debian-descriptions", cache_dir)[split]
     out = []

@@ -120,7 +120,7 @@ def best_of_n(
     generator: torch.Generator | None = None,
 ) -> BestOfN:
     """Sample n responses to `prompt` from the policy, score each with the reward model, return the argmax."""
-    from lmforge.generate import generate
+    from lmforge.models.generate import generate
 
     if n < 1:
         raise LMForgeError(f"best-of-n needs n >= 1, got {n}")

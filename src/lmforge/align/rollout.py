@@ -84,7 +84,7 @@ def sample_responses(
     pad_id: int, generator: torch.Generator | None = None,
 ) -> Responses:  # fmt: skip
     """Sample one response per prompt (token ids) from the policy with the KV-cache generator."""
-    from lmforge.generate import generate
+    from lmforge.models.generate import generate
 
     device = next(policy.parameters()).device
     ids, mask = left_pad(prompts, pad_id, device)

@@ -299,8 +299,8 @@ def run_align(cfg: AlignConfig, resume: bool = False) -> dict[str, float]:
 
 def load_reward_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[RewardModel, object]:
     """(reward model in eval mode, tokenizer) of a reward-model run or checkpoint dir."""
-    from lmforge.config import model_config_from_dict
     from lmforge.models import Transformer
+    from lmforge.models.presets import model_config_from_dict
     from lmforge.tokenizers import Tokenizer
 
     c = ckpt.model_checkpoint(Path(path))

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lmforge.config_types import Fraction, NonNegFloat, OpenFraction, PosInt
+from lmforge.config.sections import LoopConfig, OptimConfig
+from lmforge.config.types import Fraction, NonNegFloat, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
-from lmforge.sections import LoopConfig, OptimConfig
 from lmforge.train.distributed import DistInfo
 from lmforge.train.prefetch import Batch
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Literal
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict
-from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt
-from lmforge.sections import LoopConfig, OptimConfig
+from lmforge.config.sections import LoopConfig, OptimConfig
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt
 
 
 @dataclass

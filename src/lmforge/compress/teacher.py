@@ -12,9 +12,9 @@ def load_teacher(cfg: CompressConfig, resume: bool = False):
     """(task, task model in eval mode on the CPU, splits) of the configured teacher. Without `teacher.run`, the
     teacher is fine-tuned first with `teacher.recipe` into OUT/teacher (reused when it finished there; with
     `resume`, an unfinished one continues)."""
-    from lmforge.tasks.backbone import load_finetuned
+    from lmforge.data.examples import Dataset
+    from lmforge.loading import load_finetuned
     from lmforge.tasks.data import load_splits
-    from lmforge.tasks.examples import Dataset
     from lmforge.train import checkpoint as ckpt
 
     t = cfg.teacher

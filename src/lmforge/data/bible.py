@@ -21,9 +21,9 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
+from lmforge.data.examples import Example
 from lmforge.data.labelled import LabelledSet
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Example
 
 Ref = tuple[str, int, int]  # (OSIS book, chapter, verse)
 

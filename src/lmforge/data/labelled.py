@@ -1,8 +1,8 @@
 """Labelled sets built from registry packages: parsing, deterministic splits, and the on-disk layout.
 
 A labelled set directory holds `train.jsonl`, `dev.jsonl`, `test.jsonl` (one example per line, the fields of
-`lmforge.tasks.examples.Example` that are set), `meta.json` (label set, task type, counts) and `README.md`
-(origin and construction). `lmforge.tasks.readers.load_labelled_dir` reads it back.
+`lmforge.data.examples.Example` that are set), `meta.json` (label set, task type, counts) and `README.md`
+(origin and construction). `lmforge.data.labelled_readers.load_labelled_dir` reads it back.
 
 Splits are 80/10/10 by a hash of a *group key* per example (the movie of a review, the source package of a
 Debian description, the chapter of a verse pair), so related examples never straddle splits and adding or
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
 
+from lmforge.data.examples import Example
+from lmforge.data.labelled_readers import SPLITS, fail, write_examples
 from lmforge.data.sources import normalize_text
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Example
-from lmforge.tasks.readers import SPLITS, fail, write_examples
 
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 

@@ -8,19 +8,18 @@ input raises ``LMForgeError`` with one line.
 
 from __future__ import annotations
 
-import csv
 import gzip
 import io
 import json
 import lzma
 import re
-import sys
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
+from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
 from lmforge.extras import require
 
@@ -34,7 +33,6 @@ _SAMPLE = 1 << 16  # bytes inspected to tell text from binary
 _MAX_NON_TEXT = 0.30  # fraction of control / invalid bytes above which a file counts as binary
 _ESCAPED = re.compile("[\udc80-\udcff]")  # bytes that surrogateescape could not decode
 _CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\x0b\x0c\x08") + b"\x7f"
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # documents can be far longer than the 128 KiB default
 # What reading a damaged file raises: gzip's bad CRC or truncation (OSError, EOFError), bad deflate data (zlib.error,
 # not an OSError), corrupt xz.
 _READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
@@ -358,32 +356,6 @@ class DocumentStream(Iterator[str]):
                 text = None if value is None else self._decode(value)
                 if text and text.strip():
                     yield text
-
-
-def csv_records(
-    lines: Iterable[str], path: Path | str, delimiter: str = ",", header: bool = True
-) -> Iterator[tuple[int, list[str]]]:
-    """(line where the record starts, cells) of each non-blank record of a CSV text: RFC 4180 quoting, strict (a stray
-    quote is an error, not a field that swallows the rest of the file), and every record as wide as the first, the
-    header (a ragged row is refused, never padded or dropped). Read by pretraining corpora and labelled tables."""
-    kind, first = ("TSV" if delimiter == "\t" else "CSV"), ("the header" if header else "the first row")
-    reader = csv.reader(lines, delimiter=delimiter, strict=True)
-    width, line = None, 1
-    try:
-        while True:
-            line = reader.line_num + 1
-            row = next(reader, None)
-            if row is None:
-                return
-            if not row:
-                continue
-            if width is None:
-                width = len(row)
-            elif len(row) != width:
-                raise LMForgeError(f"{path}:{line}: expected {width} {kind} columns (as {first}), found {len(row)}")
-            yield line, row
-    except (csv.Error, UnicodeDecodeError) as e:
-        raise LMForgeError(f"{path}:{line}: malformed {kind} ({e})") from None
 
 
 def read_documents(paths: Sequence, text_field: str = "text") -> DocumentStream:

@@ -12,9 +12,9 @@ import zipfile
 from pathlib import Path
 
 from lmforge.data.corpora import detokenize
+from lmforge.data.examples import Example
 from lmforge.data.labelled import LabelledSet
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Example
 
 # ---------------------------------------------------------------- ACLSum (PyPI aclsum 0.1.2)
 

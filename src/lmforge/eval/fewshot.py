@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.registry import EVALS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.seq2seq import render
 
 

@@ -101,7 +101,7 @@ class LM:
 
         Requests run longest prompt first in batches; a batch stops once every row has met a stop string, EOS or
         its own max_tokens."""
-        from lmforge.generate import generate
+        from lmforge.models.generate import generate
 
         prompts = [self._prompt_ids(ctx, n) for ctx, _, n in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))

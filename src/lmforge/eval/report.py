@@ -17,8 +17,8 @@ import math
 import os
 from pathlib import Path
 
+from lmforge.data.glue import GLUE_TASKS, task_key
 from lmforge.errors import LMForgeError
-from lmforge.tasks.glue import GLUE_TASKS, task_key
 
 Results = dict[str, dict[str, float]]
 

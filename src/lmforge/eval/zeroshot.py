@@ -18,12 +18,12 @@ from typing import Any, Literal
 import numpy as np
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict, resolve_recipe
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.fewshot import FewShotOptions, demonstrations
 from lmforge.eval.lm import LM
 from lmforge.registry import EVALS
 from lmforge.tasks.config import FtDataConfig
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.seq2seq import render, template_tail
 
 

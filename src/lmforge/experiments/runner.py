@@ -97,7 +97,7 @@ def cli_args(overrides: dict[str, Any]) -> list[str]:
 
 def resolve_config(recipe: str, overrides: dict[str, Any]):
     """The validated pretraining Config an arm will run (bad keys and values fail here, before any run starts)."""
-    from lmforge.config import load_config
+    from lmforge.train.pretrain_config import load_config
 
     return load_config(recipe, cli_args(overrides))
 

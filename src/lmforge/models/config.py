@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lmforge.config_types import NonNegInt, OpenFraction, PosFloat, check_ranges
+from lmforge.config.types import NonNegInt, OpenFraction, PosFloat, check_ranges
 from lmforge.models.position_schemes import POSITION_SCHEMES, PositionScheme
 
 Arch = Literal["decoder", "encoder", "encoder-decoder"]
@@ -335,12 +335,3 @@ class ModelConfig:
             raise LMForgeError("model.mtp_heads needs a causal decoder with an LM head (arch 'decoder', mask 'causal')")
         if self.mtp_heads and (self.embedding_dim or self.d_model) != self.d_model:
             raise LMForgeError("model.mtp_heads needs model.embedding_dim equal to model.d_model (or null)")
-
-
-def upgrade_saved_model(section: dict) -> dict:
-    """A model section read from a saved run, with fields added after it was written set to what the saved model
-    computes where their defaults would not: a Shaw model saved before `shaw_values` existed has no value term.
-    (`init_scheme` and `zero_pad_embedding` need nothing: their defaults are the init every model had before them.)"""
-    if section.get("position") == "shaw" and "shaw_values" not in section:
-        return {**section, "shaw_values": False}
-    return section

@@ -1,12 +1,12 @@
 """The Hugging Face-shaped surface of `Transformer`: `generate`, `save_pretrained` / `from_pretrained`, `labels=`
 returning a loss, and outputs indexable as `transformers` ModelOutputs (`out[0]`, `out["loss"]`).
 
-It is a thin layer over lmforge's own code, which stays the way in: generation is `lmforge.generate` (sampling,
+It is a thin layer over lmforge's own code, which stays the way in: generation is `models/generate.py` (sampling,
 beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (`train/checkpoint.py`, read back by
 `lmforge.load`), and the loss of `labels=` is the LM head's cross-entropy the objectives use (`lm_head.py`). The
 model's own forward stays loss-free: the loss is added here, after it, only when labels are given.
 
-This surface is a facade over the whole library, so its methods import `lmforge.generate`, `lmforge.loading` and
+This surface is a facade over the whole library, so its methods import `lmforge.models.generate`, `lmforge.loading` and
 the checkpoint writer when called; nothing in lmforge calls them."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ class HFSurface:
         use_cache: bool = True,
         **unsupported: Any,
     ) -> Tensor:
-        """Generate as `transformers`' `model.generate` does, through `lmforge.generate.generate`.
+        """Generate as `transformers`' `model.generate` does, through `lmforge.models.generate.generate`.
 
         Decoders take left-padded prompts and return prompt + continuation (B, T + n); encoder-decoders take the
         source and return the decoder sequence from its start token (B, 1 + n). Greedy unless do_sample (then
@@ -236,7 +236,7 @@ class HFSurface:
             input_ids = input_ids.repeat_interleave(num_return_sequences, dim=0)
             if attention_mask is not None:
                 attention_mask = attention_mask.repeat_interleave(num_return_sequences, dim=0)
-        from lmforge.generate import generate  # generation drives this model (it sits beside models/)
+        from lmforge.models.generate import generate  # generate.py imports this module's Transformer
 
         eos = _eos_id(eos_token_id)
         out = generate(

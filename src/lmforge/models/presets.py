@@ -9,8 +9,9 @@ the published figures and the exact `transformers` counts each preset reproduces
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 
+from lmforge.config import all_keys, build_dataclass
 from lmforge.models import families as F
 from lmforge.models.config import ModelConfig
 from lmforge.models.gpt3 import GPT3_SIZES, preset_sizes
@@ -261,3 +262,15 @@ def get_preset(name: str, **overrides) -> ModelConfig:
 
 def preset_fields() -> set[str]:
     return {f.name for f in fields(ModelConfig)}
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    """A validated ModelConfig from a model section (a checkpoint's config.yaml, or `preset` and fields over it)."""
+    raw = dict(d)
+    preset = raw.pop("preset", None)
+    if preset is not None:
+        raw = {**asdict(get_preset(str(preset))), **raw}
+    known = [f"model.{k}" for k in all_keys(ModelConfig)] + ["model.preset"]
+    cfg = build_dataclass(ModelConfig, raw, "model.", known)
+    cfg.validate()
+    return cfg

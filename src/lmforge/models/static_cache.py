@@ -23,20 +23,6 @@ _POOL: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, list[Tensor]]] = weakre
 """Per model: the shapes and buffers of its last static cache, reused when the next one has the same shapes."""
 
 
-def static_unsupported(model: nn.Module) -> str | None:
-    """Why `model` cannot decode with a static cache (the reason as a short phrase), or None when it can."""
-    from lmforge.models.stack import Stack
-
-    cfg = model.config
-    if cfg.position_scheme.recurrent:
-        return "Transformer-XL / XLNet relative attention (model.position='xl')"
-    if cfg.attn_pattern != "dense":
-        return f"sparse attention layers (model.attn_pattern='{cfg.attn_pattern}')"
-    if type(getattr(model, "decoder", None)) is not Stack or model._forward_pre_hooks:
-        return "a wrapped decoder stack (prompt tuning)"
-    return None
-
-
 def _mark_static(t: Tensor) -> Tensor:
     # A fixed address across calls: CUDA graphs read and write the buffer itself instead of copying it in.
     torch._dynamo.mark_static_address(t, guard=False)

@@ -2,6 +2,7 @@
 `TASKS` (classification, pair_classification, regression, multiple_choice, span_qa, token_tagging, text_to_text,
 text_to_text_regression, seq2seq)."""
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.registry import TASKS
 from lmforge.tasks import (  # noqa: F401  (registers the task types)
     classification,
@@ -15,7 +16,6 @@ from lmforge.tasks import (  # noqa: F401  (registers the task types)
     text_to_text_regression,
 )
 from lmforge.tasks.base import Task, TaskOptions
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.model import TaskModel, TaskOutput
 
 __all__ = ["TASKS", "Dataset", "Example", "Task", "TaskModel", "TaskOptions", "TaskOutput"]

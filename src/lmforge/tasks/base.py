@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.adapt.adamix import consistency_weight, symmetric_kl
+from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
-from lmforge.tasks.examples import Dataset
 from lmforge.tasks.inputs import Format, add_task_tokens, batches, collate, make_framer, resolve_format
 from lmforge.tasks.model import TaskModel, TaskOutput
 from lmforge.tasks.scoring import require_metric_packages, score

@@ -5,8 +5,8 @@ GPT-1 §3.3: `<|start|> text <|extract|>`, linear head on the extract token; BER
 
 from __future__ import annotations
 
+from lmforge.data.examples import Example
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Example
 from lmforge.tasks.sequence import SequenceTask
 
 

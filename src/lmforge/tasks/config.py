@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section_to_dict
 from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, parse_overrides, recipe_dict, write_yaml
-from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosInt
+from lmforge.config.sections import LoopConfig, OptimConfig, RunConfig
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
-from lmforge.sections import LoopConfig, OptimConfig, RunConfig
 
 RECIPES = RECIPES_DIR / "finetune"
 """The bundled fine-tuning recipes."""

@@ -1,4 +1,4 @@
-"""The labelled splits of a fine-tuning run (`data.*` keys), read with the readers of `lmforge.tasks.readers`.
+"""The labelled splits of a fine-tuning run (`data.*` keys), read with the readers of `lmforge.data.labelled_readers`.
 
 Sources (`data.source`):
 - bundled: a labelled set shipped with lmforge (`data.name`, e.g. sentiment);
@@ -26,27 +26,27 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig
-from lmforge.tasks.examples import Dataset, Example
 
 SPLITS = ("train", "dev", "test")
 
 
 def _bundled(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import load_bundled
+    from lmforge.data.labelled_readers import load_bundled
 
     return dict(load_bundled(cfg.name))
 
 
 def _glue(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import read_glue
+    from lmforge.data.glue import read_glue
 
     return _per_split(cfg, lambda split: read_glue(cfg.name, _need_dir(cfg), split))
 
 
 def _superglue(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import read_superglue
+    from lmforge.data.glue import read_superglue
 
     return _per_split(cfg, lambda split: read_superglue(cfg.name, _need_dir(cfg), split))
 
@@ -61,19 +61,19 @@ def _files(cfg: FtDataConfig, reader: Callable[[Path], Dataset]) -> dict[str, Da
 
 
 def _squad(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import read_squad
+    from lmforge.data.labelled_readers import read_squad
 
     return _files(cfg, read_squad)
 
 
 def _conll(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import read_conll2003
+    from lmforge.data.labelled_readers import read_conll2003
 
     return _files(cfg, read_conll2003)
 
 
 def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import read_table
+    from lmforge.data.labelled_readers import read_table
 
     label_field = None if cfg.target_field is not None else cfg.label_field  # a pair has a target, not a label
     return _files(
@@ -84,7 +84,7 @@ def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 def _dir(cfg: FtDataConfig) -> dict[str, Dataset]:
     from lmforge.data.hf_datasets import is_saved_dataset
-    from lmforge.tasks.readers import load_labelled_dir
+    from lmforge.data.labelled_readers import load_labelled_dir
 
     if is_saved_dataset(_need_dir(cfg)):
         raise LMForgeError(f"{cfg.dir}: a save_to_disk dataset, not a labelled-set dir: use --data.source=datasets")
@@ -101,7 +101,7 @@ def _datasets(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _fetched(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.readers import load_fetched
+    from lmforge.data.labelled_readers import load_fetched
 
     return load_fetched(cfg.name)
 
@@ -115,7 +115,7 @@ def _race(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _wsc(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.winograd import read_wsc_xml
+    from lmforge.data.winograd import read_wsc_xml
 
     path = Path(cfg.test) if cfg.test is not None else _need_dir(cfg) / "WSCollection.xml"
     if cfg.name not in ("wsc273", "wsc285"):
@@ -124,7 +124,7 @@ def _wsc(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.tasks.winograd import read_dpr
+    from lmforge.data.winograd import read_dpr
 
     out = {}
     for split in ("train", "test"):

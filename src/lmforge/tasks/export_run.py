@@ -30,7 +30,7 @@ BASE_DIR = "base"
 
 def export_finetuned(run: Path, out: Path, merge: bool = False) -> str:
     """Write the fine-tuned run `run` to `out` as HF files; returns a one-line summary of what was written."""
-    from lmforge.tasks.backbone import load_finetuned
+    from lmforge.loading import load_finetuned
 
     task, model, _, cfg = load_finetuned(run)
     method = cfg.peft.method

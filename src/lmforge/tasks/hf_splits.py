@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.data.hf_datasets import HF_PREFIX, load
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Dataset, Example
 
 SPLIT_NAMES = {"train": ("train",), "dev": ("validation", "dev", "valid"), "test": ("test",)}
 _BATCH = 1024

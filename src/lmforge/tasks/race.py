@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled_readers import read_json
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Dataset, Example
-from lmforge.tasks.readers import read_json
 
 Level = Literal["all", "middle", "high"]
 LEVELS = ("middle", "high")

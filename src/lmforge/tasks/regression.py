@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.data.examples import Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.base import TaskOptions
-from lmforge.tasks.examples import Example
 from lmforge.tasks.model import TaskModel
 from lmforge.tasks.sequence import PairMixin, SequenceTask
 

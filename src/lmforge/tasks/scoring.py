@@ -1,4 +1,4 @@
-"""Metric names used in recipes (`task.metrics`, `eval.metrics`) → the functions of `lmforge.eval.metrics`.
+"""Metric names used in recipes (`task.metrics`, `eval.metrics`) → the functions of `lmforge.metrics`.
 
 Classification predictions and references are label indices; binary F1 scores label index 1 as the positive class
 (the second label: "positive" in SST-2 and the sentiment set, "equivalent" in MRPC, "duplicate" in QQP)."""
@@ -30,7 +30,7 @@ def require_metric_packages(names: list[str]) -> None:
 
 def score(names: list[str], preds: list, golds: list) -> dict[str, float]:
     """{name: value} for each metric name, in the order given."""
-    from lmforge.eval import metrics
+    from lmforge import metrics
 
     unknown = [n for n in names if n not in NAMES]
     if unknown:

@@ -15,11 +15,11 @@ import torch
 from torch import Tensor
 
 from lmforge.adapt.adamix import consistency_weight, symmetric_kl
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS
 from lmforge.tasks.base import Task, TaskOptions
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.model import TaskModel
 
 
@@ -161,7 +161,7 @@ class Seq2Seq(Task):
 
     def generate_batch(self, model: TaskModel, feats: list[dict], num_beams: int, max_new: int) -> list[str]:
         """Decoded continuations of the features' prompts (beam search when num_beams > 1)."""
-        from lmforge.generate import generate
+        from lmforge.models.generate import generate
 
         device = next(model.parameters()).device
         prompts = [f["_prompt"] for f in feats]

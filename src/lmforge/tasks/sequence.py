@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.tasks.base import Task
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.heads import Combine, SequenceHead
 from lmforge.tasks.model import TaskModel
 

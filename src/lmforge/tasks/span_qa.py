@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmforge.adapt.adamix import symmetric_kl
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS
 from lmforge.tasks.base import Task, TaskOptions
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.heads import SpanHead
 from lmforge.tasks.model import TaskModel, TaskOutput
 
@@ -187,7 +187,7 @@ class SpanQA(Task):
 
     def evaluate(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> dict[str, float]:
         """SQuAD exact match and F1 (the official script's normalisation)."""
-        from lmforge.eval.metrics import squad_scores
+        from lmforge.metrics import squad_scores
 
         scores = squad_scores(self.predict_all(model, dataset, batch_size), self.gold(dataset))
         unknown = [k for k in self.metric_names if k not in scores]

@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmforge.adapt.adamix import symmetric_kl
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS
 from lmforge.tasks.base import Task
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.heads import TokenHead
 from lmforge.tasks.model import TaskModel, TaskOutput
 

@@ -13,9 +13,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.inputs import collate
 from lmforge.tasks.model import TaskModel
 from lmforge.tasks.seq2seq import Seq2Seq, Seq2SeqOptions

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
-from lmforge.tasks.examples import Dataset, Example
 from lmforge.tasks.model import TaskModel
 from lmforge.tasks.seq2seq import Seq2Seq, Seq2SeqOptions
 

@@ -39,8 +39,8 @@ def iter_texts(path: Path, text_field: str = "text") -> Iterator[str]:
 
     Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run.
     """
+    from lmforge.data.labelled_readers import open_binary
     from lmforge.data.readers import check_text
-    from lmforge.tasks.readers import open_binary
 
     jsonl = [s.lower() for s in path.suffixes if s.lower() not in (".gz", ".xz", ".bz2")][-1:] == [".jsonl"]
     try:

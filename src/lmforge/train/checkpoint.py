@@ -81,6 +81,7 @@ from lmforge.files import (
     write_reason,
 )
 from lmforge.models.wrappers import unwrap_model
+from lmforge.train.dcp_read import read_full_weights
 from lmforge.train.parallel import local, shard_like
 from lmforge.train.rundir import check_lock
 
@@ -399,8 +400,6 @@ def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, to
     consolidated here, in this process."""
     path = Path(ckpt) / WEIGHTS_FILE
     if not path.is_file() and is_sharded(ckpt):
-        from lmforge.train.dcp import read_full_weights
-
         return {k: v.to(device) for k, v in read_full_weights(Path(ckpt)).items()}
     if not path.is_file():
         raise LMForgeError(f"no {WEIGHTS_FILE} in {ckpt}")

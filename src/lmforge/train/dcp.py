@@ -2,7 +2,7 @@
 train/checkpoint.py's docstring.
 
 Every rank writes the shards it holds; a checkpoint written by N processes loads into M (DCP reshards on load) and
-into one process without any process group (`read_full_weights`, for `lmforge.load` and `lmforge convert`). The
+into one process without any process group (train/dcp_read.py, for `lmforge.load` and `lmforge convert`). The
 crash-safety rules of the single-file checkpoints hold: a scratch dir renamed into place once the manifest (sizes
 and sha256 of every file) is written last, stale scratch dirs removed, the newest checkpoint that verifies chosen.
 With `async_save`, the state is copied to CPU memory before `save` returns and written by a background thread;
@@ -10,14 +10,9 @@ the checkpoint appears when it is complete, and a run killed meanwhile keeps its
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import os
-import pickle
 import shutil
-import sys
 import threading
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +22,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file, os_reason
 from lmforge.train import checkpoint as ckpt
+from lmforge.train.dcp_read import dcp_reason as _reason
+from lmforge.train.dcp_read import read_metadata
 from lmforge.train.distributed import DistInfo
 
 OPTIM_REST = "optim_rest"
@@ -219,19 +215,6 @@ def _broadcast(obj: Any, dist_info: DistInfo) -> Any:
     return box[0]
 
 
-def _reason(e: BaseException) -> str:
-    """One line for an error of DCP (which wraps the ranks' errors) or of the file system."""
-    if isinstance(e, OSError):
-        return os_reason(e)
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, inner = next(iter(failures.items()))
-        inner = inner[0] if isinstance(inner, tuple) else inner
-        return f"rank {rank}: {_reason(inner) if isinstance(inner, BaseException) else inner}"
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
 # --- loading ------------------------------------------------------------------------------------------------------
 
 
@@ -269,64 +252,3 @@ def load_sharded(path: Path, model: nn.Module, optimizer: Any, weights: nn.Modul
         names = ckpt._normalize_keys(list(own))
         weights.load_state_dict({k: msd[names[k]] for k in own}, strict=False)
         set_optimizer_state_dict(model, _optimizers(optimizer), osd)
-
-
-def read_full_weights(path: Path) -> dict[str, Tensor]:
-    """Every weight of sharded checkpoint `path`, consolidated into full CPU tensors in this process (no process
-    group needed)."""
-    path = Path(path)
-    meta = read_metadata(path)
-    state = {
-        k: torch.empty(m.size, dtype=m.properties.dtype)
-        for k, m in meta.state_dict_metadata.items()
-        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
-    }
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-            dcp.load(state, storage_reader=FileSystemReader(str(path / ckpt.SHARDS_DIR)), no_dist=True)
-    except Exception as e:  # noqa: BLE001
-        raise LMForgeError(f"could not read the sharded weights of {path}: {_reason(e)}") from e
-    return {k[len("model.") :]: v for k, v in state.items()}
-
-
-_ALLOWED = {
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("collections", "OrderedDict"),
-    *(("pathlib", c) for c in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata from its pickle, refusing any global but plain-data types: DCP's own dataclasses and
-    enums (Metadata, TensorStorageMetadata, _StorageInfo, ...), torch.Size, dtypes, layouts and paths."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if module.startswith("torch.distributed.checkpoint.") and module in sys.modules:
-            found = getattr(sys.modules[module], name, None)
-            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
-                return found
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in checkpoint metadata")
-
-
-def read_metadata(path: Path):
-    """DCP's metadata of sharded checkpoint `path`, read with an allowlist of types: the checkpoint dir may come
-    from anywhere, and a plain unpickling would run whatever a crafted file names."""
-    where = Path(path) / ckpt.SHARDS_METADATA
-    try:
-        with open(where, "rb") as f:
-            meta = _MetadataUnpickler(f).load()
-    except FileNotFoundError as e:
-        raise LMForgeError(f"{path} is not a sharded checkpoint: no {ckpt.SHARDS_METADATA}") from e
-    except OSError as e:
-        raise LMForgeError(f"cannot read {where}: {os_reason(e)}") from e
-    except Exception as e:  # noqa: BLE001 — any malformed pickle
-        raise LMForgeError(f"{where} is not valid checkpoint metadata: {e}") from e
-    if not hasattr(meta, "state_dict_metadata"):
-        raise LMForgeError(f"{where} is not valid checkpoint metadata")
-    return meta

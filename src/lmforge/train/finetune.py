@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
+from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
+from lmforge.loading import load_backbone
 from lmforge.progress import status
-from lmforge.tasks.backbone import checkpoint_config, load_backbone, task_token_rows
+from lmforge.tasks.backbone import checkpoint_config, task_token_rows
 from lmforge.tasks.config import FinetuneConfig, finetune_to_dict
 from lmforge.tasks.data import example_texts, load_splits
-from lmforge.tasks.examples import Dataset
 from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.model import set_dropout
 from lmforge.train import checkpoint as ckpt

@@ -20,9 +20,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
-from lmforge.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train import parallel
 from lmforge.train.budget import TimeBudget

@@ -13,7 +13,7 @@ import re
 import torch
 from torch import Tensor, nn
 
-from lmforge.sections import OptimConfig
+from lmforge.config.sections import OptimConfig
 
 _BLOCK = re.compile(r"(?:^|\.)(encoder|decoder)\.blocks\.(\d+)\.")
 _STACK = re.compile(r"(?:^|\.)(encoder|decoder)\.")

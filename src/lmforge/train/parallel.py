@@ -23,10 +23,10 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import Block
 from lmforge.models.stack import Stack
-from lmforge.sections import LoopConfig
 from lmforge.train.distributed import DistInfo
 
 

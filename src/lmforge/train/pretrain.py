@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from lmforge.config import Config, to_dict
 from lmforge.data.loader import take_rows
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
@@ -21,6 +20,7 @@ from lmforge.train.distributed import DistInfo, rank_seed, sums_across
 from lmforge.train.loop import LoopSpec, Saved
 from lmforge.train.metrics import peak_flops
 from lmforge.train.prefetch import Batch
+from lmforge.train.pretrain_config import Config, to_dict
 from lmforge.train.session import RunSession
 from lmforge.train.setup import (
     apply_init,

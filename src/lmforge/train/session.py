@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lmforge.sections import LoopConfig
+from lmforge.config.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from lmforge.config import Config
 from lmforge.errors import LMForgeError
 from lmforge.files import refuse_link, write_atomic
 from lmforge.train.distributed import DistInfo, barrier
+from lmforge.train.pretrain_config import Config
 
 FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 

@@ -17,7 +17,7 @@ NEG_INF = float("-inf")
 
 
 class Steps(Protocol):
-    """Incremental decoding state (see `lmforge.generate.DecoderSteps` / `Seq2SeqSteps`)."""
+    """Incremental decoding state (see `lmforge.models.generate.DecoderSteps` / `Seq2SeqSteps`)."""
 
     batch_size: int
     device: torch.device

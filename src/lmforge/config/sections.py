@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lmforge.config_types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, UnitFraction
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, UnitFraction
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Readers for labelled data → `Dataset`: tables with a field mapping (jsonl/csv/tsv), SQuAD v1.1/v2.0 JSON,
-CoNLL-2003, Stanford Sentiment Treebank trees, SNLI/MultiNLI jsonl, GLUE/SuperGLUE task files (implemented in
-`tasks/glue.py`), and the labelled-set directories that `lmforge data fetch` writes and the package bundles
+CoNLL-2003, Stanford Sentiment Treebank trees, SNLI/MultiNLI jsonl (GLUE/SuperGLUE task files:
+`data/glue.py`), and the labelled-set directories that `lmforge data fetch` writes and the package bundles
 (`load_bundled("sentiment")`).
 
 Every malformed input raises one `LMForgeError` line that
@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from lmforge.data.readers import csv_records
+from lmforge.data.examples import Dataset, Example
+from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Dataset, Example
 
 TaskType = Literal["classification", "regression", "multiple_choice", "span", "tagging", "text_to_text"]
 Field = str | int  # a column name, or a 0-based column index for files without a header
@@ -359,23 +359,6 @@ def read_conll2003(
     flush()
     labels = CONLL_NER_LABELS if column == "ner" else sorted({t for e in examples for t in e.tags or []})
     return Dataset(examples, list(labels), str(path), "tagging")
-
-
-# ---------------------------------------------------------------- GLUE / SuperGLUE (implemented in tasks/glue.py)
-
-
-def read_glue(task: str, data_dir: Path | str, split: str) -> Dataset:
-    """Split `split` of GLUE task `task` from its distributed TSV files (see `lmforge.tasks.glue.read_glue`)."""
-    from lmforge.tasks.glue import read_glue as read
-
-    return read(task, data_dir, split)
-
-
-def read_superglue(task: str, data_dir: Path | str, split: str) -> Dataset:
-    """Split `split` of SuperGLUE task `task` from its jsonl files (see `lmforge.tasks.glue.read_superglue`)."""
-    from lmforge.tasks.glue import read_superglue as read
-
-    return read(task, data_dir, split)
 
 
 # ---------------------------------------------------------------- labelled-set directories (fetched / bundled)

@@ -15,7 +15,8 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from lmforge.models.static_cache import StaticKVCache, static_unsupported
+from lmforge.models.stack import Stack
+from lmforge.models.static_cache import StaticKVCache
 
 SLOT_MULTIPLE = 64
 """Cache capacities are rounded up to a multiple of this: prompts of nearby lengths share one compiled graph (and its
@@ -23,6 +24,18 @@ buffers), and the attention mask's last dimension stays aligned for the fused at
 
 _COMPILED: dict[str, object] = {}
 _NOTIFIED: weakref.WeakSet = weakref.WeakSet()
+
+
+def static_unsupported(model: nn.Module) -> str | None:
+    """Why `model` cannot decode with a static cache (the reason as a short phrase), or None when it can."""
+    cfg = model.config
+    if cfg.position_scheme.recurrent:
+        return "Transformer-XL / XLNet relative attention (model.position='xl')"
+    if cfg.attn_pattern != "dense":
+        return f"sparse attention layers (model.attn_pattern='{cfg.attn_pattern}')"
+    if type(getattr(model, "decoder", None)) is not Stack or model._forward_pre_hooks:
+        return "a wrapped decoder stack (prompt tuning)"
+    return None
 
 
 def compile_mode(device: torch.device) -> str:

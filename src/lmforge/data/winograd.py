@@ -23,9 +23,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Literal
 
+from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled_readers import fail, read_lines
 from lmforge.errors import LMForgeError
-from lmforge.tasks.examples import Dataset, Example
-from lmforge.tasks.readers import fail, read_lines
 
 BLANK = "_"
 POSSESSIVE = frozenset({"his", "its", "their", "my", "our", "your", "whose"})

@@ -1,6 +1,6 @@
 """Text generation with a KV cache for decoder and encoder-decoder models.
 
-Greedy, temperature, top-k and top-p (nucleus) sampling live here; beam search in `lmforge.beam`. Both drive a
+Greedy, temperature, top-k and top-p (nucleus) sampling live here; beam search in `lmforge.models.beam`. Both drive a
 family-specific *decoding state* (`DecoderSteps`, `Seq2SeqSteps`) through three calls: `start()` for the first
 next-token logits, `step(tokens)` to feed one token per row, `select(index)` to reorder rows (beams)."""
 
@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
-from lmforge.beam import beam_search
 from lmforge.errors import LMForgeError
-from lmforge.models import Transformer
-from lmforge.static_decode import StaticSteps, can_compile, compile_mode
+from lmforge.models.beam import beam_search
+from lmforge.models.static_decode import StaticSteps, can_compile, compile_mode
+
+if TYPE_CHECKING:  # model.py's Transformer calls generate(); this module only names its type
+    from lmforge.models.model import Transformer
 
 Overlong = Literal["error", "truncate"]
 """What generation does with a prompt longer than the model's max_seq_len."""
@@ -263,7 +265,7 @@ def generate(
     num_beams > 1 runs beam search (deterministic: temperature is ignored) with HF's length penalty.
     Positions after a row's EOS hold eos_id. `stop` (sampling only): see `sample`.
 
-    compile: decode over a static KV cache with a `torch.compile`d step (CUDA graphs on GPU; `lmforge.static_decode`),
+    compile: decode over a static KV cache with a `torch.compile`d step (CUDA graphs on GPU; models/static_decode.py),
     same outputs; models it does not support (Transformer-XL/XLNet, sparse attention, prompt-tuned decoders) say so
     and decode eagerly."""
     _check_args(max_new_tokens, top_k, top_p, num_beams)
