@@ -28,6 +28,7 @@ from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.seq2seq import ordinary_ids
 from lmforge.tokenizers import train_tokenizer
+from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 from lmforge.train.pretrain_config import build_config
 
 IGNORE = -100
@@ -38,7 +39,7 @@ FALLBACKS = [  # (model preset, tokenizer kind, tokenizer family)
     ("t5-tiny", "unigram", "t5"),
     ("bart-tiny", "bpe", "bart"),
 ]
-FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
+
 SETTINGS = settings(
     max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from difflib import get_close_matches
 from typing import Generic, TypeVar
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 
 T = TypeVar("T")
 
@@ -29,8 +28,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            hint = get_close_matches(name, self._items, n=1)
-            tip = f" — did you mean '{hint[0]}'?" if hint else f" (known: {', '.join(sorted(self._items))})"
+            tip = did_you_mean(name, self._items, f"known: {', '.join(sorted(self._items))}")
             raise LMForgeError(f"unknown {self.kind} '{name}'{tip}")
         return self._items[name]
 

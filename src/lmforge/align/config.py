@@ -10,7 +10,7 @@ from typing import Literal
 
 from lmforge.align.train import AlignTrainConfig
 from lmforge.config import all_keys, build_dataclass, recipe_dict, write_yaml
-from lmforge.config.sections import RunConfig
+from lmforge.config.sections import InitModel, RunConfig
 from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, PosFloat, PosInt, UnitFraction
 from lmforge.errors import LMForgeError
 
@@ -24,14 +24,10 @@ class AlignRunConfig(RunConfig):
 
 
 @dataclass
-class AlignModelConfig:
+class AlignModelConfig(InitModel):
     init: str = "gpt-tiny"
     """The starting model: an lmforge run / checkpoint dir (e.g. an SFT run for DPO and reward models), a Hugging
     Face model dir, or a decoder preset name (random init)."""
-    tokenizer: str | None = None
-    """Tokenizer dir/file for a preset init (None = train one on the run's texts) or when `init` has none."""
-    vocab_size: int = 2048
-    """Vocabulary of a tokenizer trained for a preset init."""
     template: Literal["alpaca", "chat"] = "chat"
     """How conversations become tokens (align/templates.py)."""
     role_tokens: bool = True

@@ -16,10 +16,9 @@ from torch import Tensor, nn
 from lmforge.config.sections import LoopConfig, OptimConfig
 from lmforge.config.types import Fraction, NonNegFloat, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
+from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 from lmforge.train.distributed import DistInfo
 from lmforge.train.prefetch import Batch
-
-FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 
 
 @dataclass

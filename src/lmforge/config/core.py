@@ -8,14 +8,13 @@ import dataclasses
 import math
 import types
 import typing
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 
 from lmforge.config.types import Range
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.files import write_atomic
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
@@ -137,9 +136,7 @@ def build_dataclass(cls: type, raw: dict, prefix: str, known: list[str]) -> Any:
             other = foreign_name(key) if not prefix else None
             if other is not None:
                 raise LMForgeError(f"unknown config key '{key}': lmforge's name for it is {other}")
-            hint = get_close_matches(key, known, n=1, cutoff=0.6)
-            tip = f" — did you mean '{hint[0]}'?" if hint else ""
-            raise LMForgeError(f"unknown config key '{key}'{tip}")
+            raise LMForgeError(f"unknown config key '{key}'{did_you_mean(key, known)}")
         t = hints[k]
         kwargs[k] = build_dataclass(t, v, f"{key}.", known) if dataclasses.is_dataclass(t) else coerce(v, t, key)
     return cls(**kwargs)
@@ -198,9 +195,7 @@ def resolve_recipe(recipe: str | None, kind: str = "pretrain") -> Path | None:
     if bundled.is_file():
         return bundled
     names = sorted(x.stem for x in (RECIPES_DIR / kind).glob("*.yaml"))
-    hint = get_close_matches(recipe, names, n=1)
-    tip = f" — did you mean '{hint[0]}'?" if hint else f" (bundled: {', '.join(names)})"
-    raise LMForgeError(f"unknown recipe '{recipe}'{tip}")
+    raise LMForgeError(f"unknown recipe '{recipe}'{did_you_mean(recipe, names, 'bundled: ' + ', '.join(names))}")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

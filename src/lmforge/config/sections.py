@@ -1,6 +1,7 @@
-"""Config sections every kind of run shares — where it writes (`RunConfig`), how it optimises (`OptimConfig`) and
-how its loop runs (`LoopConfig`) — defined once and embedded in each schema (pretraining, fine-tuning, alignment,
-compression), so a key means the same everywhere and every numeric value is range-checked when a recipe loads."""
+"""Config sections several kinds of run share — where it writes (`RunConfig`), how it optimises (`OptimConfig`), how
+its loop runs (`LoopConfig`) and what model and tokenizer it starts from (`InitModel`) — defined once and embedded
+in each schema (pretraining, fine-tuning, alignment, compression), so a key means the same everywhere and every
+numeric value is range-checked when a recipe loads."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ class RunConfig:
     """Seeds weights, data order and every random choice of the run."""
     recipe: str | None = None
     """The recipe the run was made from (recorded; a resumed run continues with its own saved config)."""
+
+
+@dataclass
+class InitModel:
+    """The keys of a run that starts from a model: fine-tuning and alignment (each kind's model section adds its
+    own keys and its default `init`)."""
+
+    init: str = "none"
+    """The starting model: an lmforge run / checkpoint dir, a Hugging Face model dir, or a preset name (random
+    init)."""
+    tokenizer: str | None = None
+    """Tokenizer dir/file or published name (gpt2) for a random init (None = train one on the run's texts) or when
+    `init` has none."""
+    vocab_size: PosInt = 2048
+    """Vocabulary of a tokenizer trained for a random init."""
 
 
 @dataclass

@@ -17,14 +17,13 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
-from difflib import get_close_matches
 from pathlib import Path
 
 from lmforge.data import (
     fetch_recipes,  # noqa: F401  (registers the recipes)
 )
 from lmforge.data.fetchers import FETCHERS, LABELLED, Fetcher, LabelledFetcher, Records
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.files import cache_root
 from lmforge.progress import progress, status
 
@@ -49,11 +48,9 @@ def _recipe(name: str) -> Fetcher | LabelledFetcher:
         return LABELLED.get(name)
     if name in FETCHERS:
         return FETCHERS.get(name)
-    hint = get_close_matches(name, FETCHERS.names() + LABELLED.names(), n=1)
-    if hint:
-        raise LMForgeError(f"unknown dataset '{name}' — did you mean '{hint[0]}'?")
     corpora, labelled = ", ".join(FETCHERS.names()), ", ".join(LABELLED.names())
-    raise LMForgeError(f"unknown dataset '{name}' (known: {corpora}; labelled: {labelled})")
+    tip = did_you_mean(name, FETCHERS.names() + LABELLED.names(), f"known: {corpora}; labelled: {labelled}")
+    raise LMForgeError(f"unknown dataset '{name}'{tip}")
 
 
 def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path:

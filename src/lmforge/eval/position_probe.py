@@ -13,13 +13,12 @@ Encoder and encoder-decoder models are probed on the encoder stack, decoders on 
 
 from __future__ import annotations
 
-from difflib import get_close_matches
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.models import Transformer
 from lmforge.models.positions import sinusoidal_table
 from lmforge.registry import EVALS, MODELS
@@ -122,8 +121,7 @@ def _load(checkpoint_or_preset: str) -> Transformer:
 
         return load(checkpoint_or_preset)[0]
     if checkpoint_or_preset not in MODELS:
-        hint = get_close_matches(checkpoint_or_preset, MODELS.names(), n=1)
-        tip = f" — did you mean '{hint[0]}'?" if hint else ""
+        tip = did_you_mean(checkpoint_or_preset, MODELS.names())
         raise LMForgeError(f"'{checkpoint_or_preset}' is neither a checkpoint path nor a model preset{tip}")
     from lmforge.models import get_preset
 

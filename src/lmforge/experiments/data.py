@@ -16,7 +16,7 @@ from lmforge.progress import status
 def tokenizer_family(cfg) -> str:
     """The special-token family of a tokenizer trained for a pretraining Config (data.tokenizer_family, else the
     model architecture's)."""
-    from lmforge.train.setup import FAMILY_BY_ARCH
+    from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 
     return cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
 

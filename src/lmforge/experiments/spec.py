@@ -7,11 +7,10 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.experiments.runner import flatten
 
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval")
@@ -182,8 +181,7 @@ def _with_base(path: Path, seen: set[Path]) -> dict:
 def _check_keys(raw: dict, keys: tuple[str, ...], prefix: str, where: str = "") -> None:
     for k in raw:
         if k not in keys:
-            hint = get_close_matches(str(k), keys, n=1)
-            tip = f" — did you mean '{prefix}{hint[0]}'?" if hint else f" (expected: {', '.join(keys)})"
+            tip = did_you_mean(str(k), keys, f"expected: {', '.join(keys)}", prefix)
             raise LMForgeError(f"{where + ': ' if where else ''}unknown key '{prefix}{k}'{tip}")
 
 

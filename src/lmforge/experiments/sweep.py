@@ -9,11 +9,10 @@ ending at its own token budget, as Hoffmann et al. 2022 train theirs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.experiments.runner import Arm, flatten, resolve_config
 from lmforge.progress import status
 
@@ -74,8 +73,7 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | None = None, out: st
     raw = read_yaml(p)
     for k in raw:
         if k not in KEYS:
-            hint = get_close_matches(k, KEYS, n=1)
-            raise LMForgeError(f"{p}: unknown key '{k}'" + (f" — did you mean '{hint[0]}'?" if hint else ""))
+            raise LMForgeError(f"{p}: unknown key '{k}'{did_you_mean(k, KEYS)}")
     overrides = flatten(raw.get("overrides") or {}) | flatten(parse_overrides(cli_overrides or []))
     for k in RESERVED:
         if k in overrides:

@@ -9,8 +9,8 @@ import dataclasses
 from collections.abc import Callable
 
 from lmforge.tasks.config import FinetuneConfig, FtModelConfig, finetune_to_dict
+from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 
-FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 SECTIONS = ("run", "model", "task", "data", "train", "peft")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section_to_dict
 from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, parse_overrides, recipe_dict, write_yaml
-from lmforge.config.sections import LoopConfig, OptimConfig, RunConfig
+from lmforge.config.sections import InitModel, LoopConfig, OptimConfig, RunConfig
 from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
 
@@ -30,18 +30,13 @@ class FtRunConfig(RunConfig):
 
 
 @dataclass
-class FtModelConfig:
+class FtModelConfig(InitModel):
     init: str = "none"
     """What to fine-tune: a pretrained lmforge run/checkpoint dir, a Hugging Face model dir, a fine-tuned run
     (its backbone), a registered preset name (random init) or "none" (random init of `preset`)."""
     preset: str = "gpt-tiny"
     """Architecture of a randomly initialised backbone (GPT-1 Table 5, "w/o pre-training")."""
-    tokenizer: str | None = None
-    """Tokenizer dir/file or published name (gpt2) for a random init (None = train one on the training texts) or
-    when `init` has none."""
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
-    vocab_size: PosInt = 2048
-    """Vocabulary of a tokenizer trained for a random init."""
     dropout: OpenFraction | None = None
     """Residual, embedding and attention dropout of the backbone during fine-tuning (None = the model's own)."""
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from difflib import get_close_matches
 from pathlib import Path
 
-from lmforge.errors import LMForgeError
+from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.tokenizers.core import Tokenizer
 
 
@@ -38,8 +37,7 @@ def _check(spec: str, key: str = "data.tokenizer") -> Path | None:
         return path
     if spec in PUBLISHED:
         return None
-    hint = get_close_matches(spec, list(PUBLISHED), n=1)
-    tip = f" — did you mean '{hint[0]}'?" if hint else f" (published tokenizers: {', '.join(PUBLISHED)})"
+    tip = did_you_mean(spec, PUBLISHED, f"published tokenizers: {', '.join(PUBLISHED)}")
     raise LMForgeError(f"{key}: '{spec}' is neither a tokenizer dir/file nor a published tokenizer{tip}")
 
 

@@ -25,6 +25,7 @@ from lmforge.config.sections import LoopConfig, OptimConfig, RunConfig
 from lmforge.config.types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
+from lmforge.tokenizers.specials import Family
 
 
 @dataclass
@@ -49,7 +50,7 @@ class DataConfig:
     tokenizer: str | None = None
     """A tokenizer dir/file, or a published tokenizer by name (gpt2); None = train one on the inputs."""
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
-    tokenizer_family: Literal["gpt", "bert", "t5", "bart", "llama"] | None = None
+    tokenizer_family: Family | None = None
     """Special-token set of a tokenizer trained for this run (None: gpt for decoders, bert for encoders,
     t5 for encoder-decoders)."""
     tokenizer_sample_chars: NonNegInt | None = None

@@ -13,10 +13,9 @@ import torch
 
 from lmforge.errors import LMForgeError
 from lmforge.files import refuse_link, write_atomic
+from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 from lmforge.train.distributed import DistInfo, barrier
 from lmforge.train.pretrain_config import Config
-
-FAMILY_BY_ARCH = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 
 
 def pick_device(spec: str, dist: DistInfo, key: str = "train.device") -> torch.device:
