@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from lmforge.align.cli import cmd_align_data, cmd_best_of_n, cmd_dpo, cmd_reward, cmd_sft
 from lmforge.align.config import load_align_config
 from lmforge.align.run import load_reward_model
 from lmforge.api import load
+from lmforge.cli.align import cmd_align_data, cmd_best_of_n, cmd_dpo, cmd_reward, cmd_sft
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
 

@@ -15,7 +15,6 @@ import torch
 from test_loop_resume import finished, killed_at, losses
 from training_testing import restore_torch_globals
 
-from lmforge.align.cli import cmd_compare, cmd_dpo, cmd_ppo, cmd_reward, cmd_sft
 from lmforge.align.config import load_align_config
 from lmforge.align.dpo import frozen_copy
 from lmforge.align.ppo import ActorCritic, AdaptiveKL, PPOLoss, value_network
@@ -23,6 +22,7 @@ from lmforge.align.rollout import RolloutOptions, RolloutSource, sample_metrics,
 from lmforge.align.run import load_reward_model
 from lmforge.align.train import AlignTrainConfig
 from lmforge.api import load
+from lmforge.cli.align import cmd_compare, cmd_dpo, cmd_ppo, cmd_reward, cmd_sft
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
 from lmforge.train.loop import fit

@@ -66,7 +66,7 @@ def test_help_of_an_unknown_recipe_is_one_line(capsys):
 
 @pytest.mark.parametrize("kind", ["pretrain", "finetune", "align", "compress", "experiments", "scaling"])
 def test_recipe_summaries_end_at_a_sentence_or_a_clause_never_inside_a_word(kind):
-    from lmforge.confighelp import recipe_comment, recipe_lines
+    from lmforge.cli.help import recipe_comment, recipe_lines
 
     listing = "\n".join(recipe_lines(kind))
     for path in sorted((RECIPES_DIR / kind).glob("*.yaml")):

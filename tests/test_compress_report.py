@@ -9,7 +9,7 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.compress.cli import cmd_compress_report
+from lmforge.cli.compress import cmd_compress_report
 from lmforge.compress.config import load_compress_config
 from lmforge.compress.report import Row, format_table
 from lmforge.data.examples import Dataset

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from lmforge.cli.data import cmd_fetch, cmd_prepare
 from lmforge.data import TokenLoader, unigram_cross_entropy
-from lmforge.data.cli import cmd_fetch, cmd_prepare
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers import Tokenizer, train_tokenizer
 
@@ -105,6 +106,6 @@ def test_cmd_fetch_prints_location(
     def fake_fetch(name: str) -> Path:
         return tmp_path / "data" / name
 
-    monkeypatch.setattr("lmforge.data.cli.fetch", fake_fetch)
+    monkeypatch.setattr(importlib.import_module("lmforge.data.fetch"), "fetch", fake_fetch)  # the module, not fetch()
     assert cmd_fetch("sotu") == tmp_path / "data" / "sotu"
     assert capsys.readouterr().out.startswith(f"sotu: {tmp_path / 'data' / 'sotu' / 'docs.jsonl'}")

@@ -12,10 +12,11 @@ import tasks_testing as T
 import torch
 import yaml
 
+from lmforge.cli.eval import cmd_eval
 from lmforge.data.examples import Dataset, Example
 from lmforge.data.labelled_readers import load_labelled_dir
 from lmforge.errors import LMForgeError
-from lmforge.finetune_cli import cmd_eval, majority_baseline
+from lmforge.eval.finetuned import majority_baseline
 from lmforge.loading import load_finetuned
 from lmforge.tasks.config import RECIPES, load_finetune_config
 from lmforge.train.finetune import FineTuner
@@ -213,7 +214,7 @@ GLUE_KEYS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli
 
 
 def test_every_glue_recipe_runs_on_glue_files_and_fills_the_glue_table(tmp_path):
-    from lmforge.finetune_cli import results_table
+    from lmforge.eval.finetuned import results_table
 
     T.tokenizer("bert").save(tmp_path / "tok")
     glue, tok = TESTS / "fixtures" / "glue", tmp_path / "tok"

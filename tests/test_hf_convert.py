@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from tokenizer_corpus import AUSTEN, GETTYSBURG
 
 from lmforge.api import load
-from lmforge.convert_cli import cmd_convert
+from lmforge.cli.convert import cmd_convert
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
 from lmforge.models.hf import export_hf, import_hf

@@ -10,8 +10,9 @@ import pytest
 import tasks_testing as T
 from training_testing import restore_torch_globals
 
-from lmforge.cli_args import schema_of
-from lmforge.config_show import KINDS, default_recipe, resolved_tree
+from lmforge.cli.args import schema_of
+from lmforge.cli.config_show import KINDS, default_recipe, resolved_tree
+from lmforge.cli.help import kind_help
 from lmforge.errors import LMForgeError
 from lmforge.run_kinds import RUN_KINDS, run, run_kind
 
@@ -37,7 +38,7 @@ def test_the_table_holds_the_four_kinds_and_config_show_iterates_it():
 def test_each_kinds_help_lists_its_schemas_keys():
     for kind, key in (("pretrain", "train.lr"), ("finetune", "task.type"), ("align", "dpo.beta"),
                       ("compress", "distill.device")):  # fmt: skip
-        text = run_kind(kind).help(kind, None, [])
+        text = kind_help(kind, None, [])
         assert f"recipes (recipes/{kind})" in text and f"  {key}" in text, kind
 
 

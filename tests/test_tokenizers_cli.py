@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tokenizer_corpus import AUSTEN, DICKENS, GETTYSBURG, MELVILLE
 
+from lmforge.cli.tokenizer import cmd_encode, cmd_train
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers import Tokenizer
-from lmforge.tokenizers.cli import cmd_encode, cmd_train
 
 
 @pytest.fixture(autouse=True)

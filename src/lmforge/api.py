@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-from lmforge.config import merge_dicts, parse_overrides, resolved_run_dir
+from lmforge.config import resolved_run_dir
 from lmforge.errors import LMForgeError
 from lmforge.loading import load
-from lmforge.train.pretrain_config import Config, load_config, load_resume_config
+from lmforge.train.pretrain_config import Config
+from lmforge.train.pretrain_resolve import overrides_tree, pretrain_config
 
 
 @dataclass
@@ -35,28 +36,6 @@ class RunResult:
     def load(self, device: str | torch.device = "cpu"):
         """(model, tokenizer) of the run (its best checkpoint when it selects one, else its latest)."""
         return load(self.run_dir, device)
-
-
-def overrides_tree(overrides: list[str] | dict | None = None, sections: dict | None = None) -> dict:
-    """CLI-style overrides (["--train.lr=3e-4"]), a dict of dotted keys ({"train.lr": 3e-4}) or nested sections
-    ({"train": {"lr": 3e-4}}), merged into one nested dict."""
-    if overrides is None:
-        tree: dict = {}
-    elif isinstance(overrides, dict):
-        tree = {}
-        for key, value in overrides.items():
-            node = tree
-            parts = str(key).split(".")
-            for part in parts[:-1]:
-                node = node.setdefault(part, {})
-            node[parts[-1]] = value
-    else:
-        tree = parse_overrides(list(overrides))
-    for name, section in (sections or {}).items():
-        if not isinstance(section, dict):
-            raise LMForgeError(f"section '{name}' must be a dict of its keys, got {section!r}")
-        tree = merge_dicts(tree, {name: section})
-    return tree
 
 
 def _place_datasets(tree: dict, kind: str, recipe: str, default_dir: str) -> dict[Path, Any]:
@@ -106,17 +85,6 @@ def _save_datasets(live: dict[Path, Any], run_dir: Path, resume: bool) -> None:
         scratch.rename(where)
 
 
-def pretrain_config(recipe: str | None, overrides: list[str] | dict | None = None, *, resume: bool = False) -> Config:
-    """The config `lmforge pretrain RECIPE [overrides] [--resume]` runs: with --resume, the run's own saved config
-    with the overrides on top; else the recipe (default: demo) with the overrides."""
-    user = overrides_tree(overrides)
-    if resume:
-        cfg = load_resume_config(resolved_run_dir(recipe or "demo", "pretrain", user, Config().run.dir), recipe, user)
-        if cfg is not None:
-            return cfg
-    return load_config(recipe or "demo", user)
-
-
 def pretrain(
     recipe: str | None = None, overrides: list[str] | dict | None = None, *, resume: bool = False, **sections: Any
 ) -> RunResult:
@@ -139,8 +107,8 @@ def finetune(
 ) -> RunResult:  # fmt: skip
     """Fine-tune as `lmforge finetune RECIPE --init INIT` does; returns the run dir and the best checkpoint's dev
     metrics (also in RUN/eval.json)."""
-    from lmforge.finetune_cli import finetune_config
     from lmforge.tasks.config import FtRunConfig
+    from lmforge.tasks.resolve import finetune_config
     from lmforge.train.finetune import FineTuner
 
     tree = overrides_tree(overrides, sections)
@@ -155,7 +123,11 @@ def evaluate(
     path: str | Path, tasks: list[str] | None = None, overrides: list[str] | dict | None = None,
     split: str | None = None,
 ) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Evaluate as `lmforge eval PATH [--task T ...]` does → {task: {metric: value}}."""
-    from lmforge.finetune_cli import cmd_eval
+    """Evaluate as `lmforge eval PATH [--task T ...]` does → {task: {metric: value}}, also written where the command
+    writes them (RUN/eval-results.json for a fine-tuned run, else ./eval-results.json)."""
+    from lmforge.eval.finetuned import evaluate_path, results_path
+    from lmforge.eval.report import write_results
 
-    return cmd_eval(str(path), tasks, overrides_tree(overrides), split=split)
+    results = evaluate_path(path, tasks, overrides_tree(overrides), split=split)
+    write_results(results_path(path), results)
+    return results

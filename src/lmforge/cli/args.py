@@ -1,6 +1,7 @@
-"""The argument plumbing of `lmforge`'s training commands: a parser whose --help shows the named recipe's resolved
+"""The argument plumbing shared by `lmforge`'s commands: a parser whose --help shows the named recipe's resolved
 values (`lmforge pretrain gpt --help`), RECIPE or `--config FILE`, `--print-config`, `--SECTION=value` shorthands
-(`--model=gpt-tiny`), and one-line hints for the flags other trainers use (`--lr`, `--output_dir`)."""
+(`--model=gpt-tiny`), one-line hints for the flags other trainers use (`--lr`, `--output_dir`), and the checks of
+a training command's overrides."""
 
 from __future__ import annotations
 
@@ -93,11 +94,11 @@ def recipe_help(kind: str, method: str | None = None) -> Callable[[argparse.Name
     """The --help epilog of a training command: the recipes, or the named one, and every key with its value."""
 
     def build(ns: argparse.Namespace | None, extra: list[str]) -> str:
-        from lmforge.run_kinds import run_kind
+        from lmforge.cli.help import kind_help
 
         recipe = recipe_of(ns) if ns is not None else None
         init = getattr(ns, "init", None)
-        return run_kind(kind).help(kind, recipe, check_overrides(kind, extra), init, method)
+        return kind_help(kind, recipe, check_overrides(kind, extra), init, method)
 
     return build
 
@@ -106,11 +107,31 @@ def listing_help(kind: str, field: str) -> Callable[[argparse.Namespace | None, 
     """The --help epilog of `experiment` / `scaling`: the bundled files, or the named one's description."""
 
     def build(ns: argparse.Namespace | None, extra: list[str]) -> str:
-        from lmforge.confighelp import listing_help as text
+        from lmforge.cli.help import listing_help as text
 
         return text(kind, recipe_of(ns, field) if ns is not None else None)
 
     return build
+
+
+def named(args: argparse.Namespace, field: str) -> str:
+    """The experiment / sweep file a command line names (as the positional or --config FILE)."""
+    name = recipe_of(args, field)
+    if name is None:
+        raise LMForgeError(f"name the {field}: a file or a bundled name (see lmforge {args.command} --help)")
+    return name
+
+
+def positive(text: str) -> int:
+    """An argparse type: a positive integer."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def devices_of(args: argparse.Namespace) -> list[str] | None:
+    """The GPUs of `--devices 0,1,2,3` (None when not given)."""
+    return args.devices.split(",") if args.devices else None
 
 
 def schema_of(kind: str) -> type:
@@ -148,6 +169,13 @@ def check_overrides(kind: str, overrides: list[str]) -> list[str]:
         got = f"--{key}={value}" if sep else f"--{key}"
         raise LMForgeError(f"{got}: {key} is a section of keys ({', '.join(fields[:4])}, …): set one, e.g. {example}")
     return out
+
+
+def training_overrides(kind: str, argv: list[str], extra: list[str]) -> list[str]:
+    """The extra arguments of a training command of `kind` as its config overrides, checked (spaced values,
+    shorthands, other trainers' flags)."""
+    check_spaced_values(argv, kind)
+    return check_overrides(kind, extra)
 
 
 def check_spaced_values(args: list[str], kind: str) -> None:

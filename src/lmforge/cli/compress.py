@@ -1,8 +1,40 @@
-"""Command functions of `lmforge compress ...` (argparse wiring lives in cli.py)."""
+"""`lmforge compress ...`: the compression report of a fine-tuned teacher (distillation, int8 quantisation,
+pruning) and the int8 quantisation of one checkpoint with its size and CPU latency."""
 
 from __future__ import annotations
 
+import argparse
+
+from lmforge.cli.args import add_recipe_args, recipe_help, recipe_of, training_overrides
 from lmforge.errors import LMForgeError
+
+
+def add_parser(sub, name: str) -> None:
+    co = sub.add_parser(name, help="distillation, int8 quantisation, pruning").add_subparsers(dest="sub", required=True)
+    cr = co.add_parser(
+        "report", help="distil/quantise/prune a fine-tuned teacher and tabulate size, latency, accuracy",
+        epilog_fn=recipe_help("compress"),
+    )  # fmt: skip
+    add_recipe_args(cr, "compress", "recipe path or bundled name in recipes/compress (default sentiment-gpt)")
+    cr.add_argument("--teacher", help="fine-tuned run dir (default: the recipe's)")
+    cr.add_argument("--resume", action="store_true", help="continue an interrupted report (finished parts are kept)")
+    cr.set_defaults(fn=run)
+    cq = co.add_parser("quantize", help="int8 dynamic quantisation of a checkpoint: size and CPU latency")
+    cq.add_argument("path")
+    cq.add_argument("--threads", type=int, default=1)
+    cq.set_defaults(fn=run)
+
+
+def overrides(args: argparse.Namespace, argv: list[str], extra: list[str]) -> list[str] | None:
+    """The report's overrides; None for `quantize`, which takes no extra arguments."""
+    return training_overrides("compress", argv, extra) if hasattr(args, "kind") else None
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.sub == "report":
+        cmd_compress_report(recipe_of(args), args.teacher, args.overrides, resume=args.resume)
+    else:
+        cmd_quantize(args.path, threads=args.threads)
 
 
 def cmd_compress_report(

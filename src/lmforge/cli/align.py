@@ -1,40 +1,92 @@
-"""Command functions of `lmforge align ...` (argparse wiring lives in cli.py)."""
+"""`lmforge align ...`: instruction tuning, a reward model, DPO and PPO from recipes/align, best-of-n sampling,
+the comparison of aligned policies, and the instruction / preference sets they train on."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from lmforge.cli.args import add_recipe_args, recipe_help, recipe_of, training_overrides
 from lmforge.errors import LMForgeError
 
+_METHODS = [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO"),
+            ("ppo", "RLHF with PPO against a reward model")]  # fmt: skip
 
-def align_config(
-    method: str, recipe: str, init: str | None, overrides: list[str] | dict, resume: bool = False,
-    reward: str | None = None,
-):  # fmt: skip
-    """The AlignConfig `lmforge align METHOD` runs: with --resume, the run's saved config with the overrides on top;
-    else the recipe with `--init` (and PPO's `--reward`) and the overrides."""
-    from lmforge.align.config import align_to_dict, build_align_config, load_align_config
-    from lmforge.config import RESUME_FIXED, merge_dicts, parse_overrides, resolved_run_dir, resumed
 
-    user = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or []))
-    cfg = None
-    if resume:
-        run_dir = resolved_run_dir(recipe, "align", user)
-        given = merge_dicts(user, {"ppo": {"reward": reward}}) if reward else user  # must match the saved one
-        cfg = resumed(
-            run_dir, recipe, given, build_align_config, align_to_dict, fixed=RESUME_FIXED,
-            unpack=lambda saved: saved.get("align") or {},  # a checkpoint holds the run's config under align
+def add_parser(sub, name: str) -> None:
+    al = sub.add_parser(name, help="instruction tuning, reward model, DPO, PPO, best-of-n").add_subparsers(
+        dest="sub", required=True
+    )
+    for method, what in _METHODS:
+        ap = al.add_parser(method, help=f"{what} from a recipe in recipes/align",
+                           epilog_fn=recipe_help("align", method))  # fmt: skip
+        add_recipe_args(ap, "align", "recipe path or bundled name in recipes/align", method=method)
+        ap.add_argument("--init", help="pretrained (or SFT) run/checkpoint dir")
+        ap.add_argument(
+            "--resume", action="store_true", help="continue the run in --run.dir from its latest checkpoint"
+        )
+        if method == "ppo":
+            ap.add_argument("--reward", help="the reward-model run (lmforge align reward) to optimise against")
+        ap.set_defaults(fn=run)
+    bo = al.add_parser("best-of-n", help="sample n answers and keep the reward model's favourite")
+    bo.add_argument("policy")
+    bo.add_argument("reward_model")
+    bo.add_argument("--prompt", action="append", required=True)
+    bo.add_argument("--n", type=int, default=4)
+    bo.add_argument("--max-new-tokens", type=int, default=32)
+    bo.add_argument("--temperature", type=float, default=1.0)
+    bo.set_defaults(fn=run)
+    _add_compare(al)
+    ad = al.add_parser("data", help="write an instruction or preference set built from project data")
+    ad.add_argument("kind", choices=["instructions", "preferences"])
+    ad.add_argument("--out", required=True)
+    ad.add_argument("--source", action="append", help="sentiment, debian (instructions); sentiment, continuation")
+    ad.set_defaults(fn=run)
+
+
+def _add_compare(al) -> None:
+    cp = al.add_parser("compare", help="PPO, DPO, best-of-n and the SFT policy on the same held-out prompts")
+    cp.add_argument("--reference", required=True, help="the SFT run the others started from")
+    cp.add_argument("--reward", required=True, help="the reward-model run that scores every response")
+    cp.add_argument("--policy", action="append", help="NAME=RUN or RUN (repeatable): aligned policy runs")
+    cp.add_argument("--best-of-n", type=int, action="append", help="n of best-of-n from the reference (repeatable)")
+    cp.add_argument("--prompts-from", help="the run whose data gives the held-out prompts (default: first --policy)")
+    cp.add_argument("--split", default="test", choices=["dev", "test"], help="held-out split of that data")
+    cp.add_argument("--max-prompts", type=int, default=128)
+    cp.add_argument("--max-new-tokens", type=int, help="default: the PPO run's ppo.max_new_tokens, else 32")
+    cp.add_argument("--samples", type=int, default=3, help="prompts whose responses the table shows")
+    cp.add_argument("--out", help="write OUT.md (table and samples) and OUT.json (all rows and samples)")
+    cp.add_argument("--seed", type=int, default=0)
+    cp.set_defaults(fn=run)
+
+
+def overrides(args: argparse.Namespace, argv: list[str], extra: list[str]) -> list[str] | None:
+    """A method's overrides (the subcommands with a recipe, and `data`, whose KIND stands where a kind would);
+    None for the others, which take no extra arguments."""
+    return training_overrides("align", argv, extra) if hasattr(args, "kind") else None
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.sub == "best-of-n":
+        cmd_best_of_n(args.policy, args.reward_model, args.prompt, args.n, args.max_new_tokens, args.temperature)
+    elif args.sub == "data":
+        cmd_align_data(args.kind, args.out, args.source)
+    elif args.sub == "compare":
+        cmd_compare(
+            args.reference, args.reward, args.policy, args.best_of_n, args.prompts_from, args.split, args.max_prompts,
+            args.max_new_tokens, args.samples, args.out, args.seed,
         )  # fmt: skip
-    if cfg is None:
-        cfg = load_align_config(recipe, user, init=init, reward=reward)
-    if cfg.method != method:
-        raise LMForgeError(f"recipe {recipe} is a '{cfg.method}' recipe, not '{method}'")
-    return cfg
+    elif args.sub == "ppo":
+        cmd_ppo(recipe_of(args), args.init, args.overrides, resume=args.resume, reward=args.reward)
+    else:
+        method = {"sft": cmd_sft, "reward": cmd_reward, "dpo": cmd_dpo}[args.sub]
+        method(recipe_of(args), args.init, args.overrides, resume=args.resume)
 
 
 def _run(
     method: str, recipe: str, init: str | None, overrides: list[str], resume: bool = False, reward: str | None = None
 ) -> dict[str, float]:
+    from lmforge.align.resolve import align_config
     from lmforge.align.run import run_align
 
     cfg = align_config(method, recipe, init, overrides, resume, reward)

@@ -1,13 +1,33 @@
-"""Function behind `lmforge predict RUN --text T / --input FILE`: a fine-tuned run's predictions on new inputs."""
+"""`lmforge predict RUN --text T / --input FILE`: a fine-tuned run's predictions on new inputs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LMForgeError
+
+
+def add_parser(sub, name: str) -> None:
+    pd = sub.add_parser(name, help="a fine-tuned run's predictions (labels, tags, answers, text) on new inputs")
+    pd.add_argument("run", type=Path, help="fine-tuned run or checkpoint dir")
+    pd.add_argument("--text", action="append", help="input text (repeatable); span QA: the question")
+    pd.add_argument("--text-pair", action="append", help="second text of a pair task, one per --text")
+    pd.add_argument("--context", help="span QA: the passage the answers come from")
+    pd.add_argument("--input", help="file of inputs: .jsonl (objects with text, text_pair, context, tokens, "
+                    "choices) or one text per line; - reads stdin")  # fmt: skip
+    pd.add_argument("--json", action="store_true", help="print a JSON object per input (with label probabilities)")
+    pd.add_argument("--batch-size", type=int, default=32)
+    pd.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    pd.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    cmd_predict(str(args.run), args.text, args.text_pair, args.context, args.input, args.json, args.batch_size,
+                args.device)  # fmt: skip
 
 
 def read_inputs(path: str) -> list[str | dict]:
@@ -71,14 +91,14 @@ def cmd_predict(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Print the fine-tuned run's prediction for each input, one line each (`as_json`: a JSON object per line with
     the input, the prediction and, for classifiers, the label probabilities); returns the results."""
-    from lmforge.finetune_cli import _finetuned_run
+    from lmforge.eval.finetuned import is_finetuned_run
     from lmforge.loading import load_finetuned
     from lmforge.tasks.predictor import Predictor, as_example
 
     p = Path(path)
     if not p.exists():
         raise LMForgeError(f"run not found: {path}")
-    if not _finetuned_run(p):
+    if not is_finetuned_run(p):
         raise LMForgeError(
             f"{path} is not a fine-tuned run: lmforge predict needs one (lmforge generate continues text)"
         )

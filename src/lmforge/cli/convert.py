@@ -1,12 +1,27 @@
-"""Function behind `lmforge convert`: lmforge checkpoints <-> Hugging Face model dirs."""
+"""`lmforge convert`: lmforge checkpoints <-> Hugging Face model dirs (a fine-tuned run: its task model)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 from typing import Literal
 
 from lmforge.errors import LMForgeError
+
+
+def add_parser(sub, name: str) -> None:
+    cv = sub.add_parser(name, help="convert between Hugging Face model dirs and lmforge checkpoints")
+    cv.add_argument("src", type=Path, help="HF model dir, lmforge run dir or checkpoint dir")
+    cv.add_argument("--out", type=Path, required=True)
+    cv.add_argument("--to", choices=["hf", "lmforge"], required=True)
+    cv.add_argument("--merge", action="store_true", help="a LoRA fine-tuned run: fold the LoRA into one HF model dir "
+                    "(default: a peft adapter dir + its base model in OUT/base)")  # fmt: skip
+    cv.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    cmd_convert(args.src, args.out, args.to, merge=args.merge)
 
 
 def _check_out(out: Path, src: Path, to: str) -> None:
@@ -59,6 +74,6 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"], merge: bool 
 
 def _finetuned(src: Path) -> bool:
     """Whether `src` is a fine-tuned run or checkpoint (exported as its task model)."""
-    from lmforge.finetune_cli import _finetuned_run
+    from lmforge.eval.finetuned import is_finetuned_run
 
-    return src.exists() and _finetuned_run(src)
+    return src.exists() and is_finetuned_run(src)

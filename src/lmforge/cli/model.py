@@ -1,8 +1,25 @@
-"""Function behind `lmforge model info`: what a preset, a published size table or a run's model amounts to."""
+"""`lmforge model info`: what a preset, a published size table or a run's model amounts to (parameters, shape,
+training FLOPs per token; with --batch, the memory per GPU)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+
+from lmforge.cli.args import positive
+
+
+def add_parser(sub, name: str) -> None:
+    m = sub.add_parser(name, help="inspect architectures").add_subparsers(dest="sub", required=True)
+    mi = m.add_parser("info", help="parameter count of a preset, a run or checkpoint ('all': every preset)")
+    mi.add_argument("preset", help="preset name, 'all', a family's published table (gpt3), or a run/checkpoint dir")
+    mi.add_argument("--batch", type=positive, help="also print the memory per GPU (ddp, fsdp; 1-8 GPUs) at this batch")
+    mi.add_argument("--seq", type=positive, help="tokens per sequence of the FLOPs and --batch (default: max_seq_len)")
+    mi.set_defaults(fn=_info)
+
+
+def _info(args: argparse.Namespace) -> None:
+    cmd_model_info(args.preset, args.batch, args.seq)
 
 
 def cmd_model_info(preset: str, batch: int | None = None, seq: int | None = None) -> None:

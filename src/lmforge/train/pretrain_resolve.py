@@ -1,0 +1,41 @@
+"""The pretraining config a run resolves to (what `lmforge pretrain`, `lmforge.pretrain` and `config show` run),
+and overrides given as CLI strings, dotted keys or nested sections merged into one tree."""
+
+from __future__ import annotations
+
+from lmforge.config import merge_dicts, parse_overrides, resolved_run_dir
+from lmforge.errors import LMForgeError
+from lmforge.train.pretrain_config import Config, load_config, load_resume_config
+
+
+def overrides_tree(overrides: list[str] | dict | None = None, sections: dict | None = None) -> dict:
+    """CLI-style overrides (["--train.lr=3e-4"]), a dict of dotted keys ({"train.lr": 3e-4}) or nested sections
+    ({"train": {"lr": 3e-4}}), merged into one nested dict."""
+    if overrides is None:
+        tree: dict = {}
+    elif isinstance(overrides, dict):
+        tree = {}
+        for key, value in overrides.items():
+            node = tree
+            parts = str(key).split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+    else:
+        tree = parse_overrides(list(overrides))
+    for name, section in (sections or {}).items():
+        if not isinstance(section, dict):
+            raise LMForgeError(f"section '{name}' must be a dict of its keys, got {section!r}")
+        tree = merge_dicts(tree, {name: section})
+    return tree
+
+
+def pretrain_config(recipe: str | None, overrides: list[str] | dict | None = None, *, resume: bool = False) -> Config:
+    """The config `lmforge pretrain RECIPE [overrides] [--resume]` runs: with --resume, the run's own saved config
+    with the overrides on top; else the recipe (default: demo) with the overrides."""
+    user = overrides_tree(overrides)
+    if resume:
+        cfg = load_resume_config(resolved_run_dir(recipe or "demo", "pretrain", user, Config().run.dir), recipe, user)
+        if cfg is not None:
+            return cfg
+    return load_config(recipe or "demo", user)
