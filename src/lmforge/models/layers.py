@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.models.config import ModelConfig
+from lmforge.models.position_components import POSITIONS
 from lmforge.models.positions import RotaryEmbedding, ShawRelativePosition
-from lmforge.models.relative import XLRelative
 from lmforge.models.sparse import SparseAttention, banded_attention
 
 
@@ -134,14 +134,13 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(self.hd, cfg.norm_eps), RMSNorm(self.hd, cfg.norm_eps)
         self.scale = 1.0 / math.sqrt(self.hd) if cfg.scale_attention else 1.0
         self.attn_dropout = cfg.attn_dropout
-        self.rope = RotaryEmbedding(self.hd, base=cfg.rope_base) if cfg.position == "rope" and not cross else None
-        self.shaw = None
-        if cfg.position == "shaw" and not cross:
-            self.shaw = ShawRelativePosition(self.hd, cfg.rel_max_distance, values=cfg.shaw_values)
+        # The position scheme's per-layer modules (models/position_components.py): RoPE's `rope`, Shaw's relative
+        # key/value tables `shaw`, Transformer-XL / XLNet's relative attention `rel` (run by models/recurrence.py).
+        self.rope: RotaryEmbedding | None = None
+        self.shaw: ShawRelativePosition | None = None
+        for name, module in ({} if cross else POSITIONS[cfg.position].layer_modules(cfg)).items():
+            setattr(self, name, module)
         self.sparse = SparseAttention(cfg) if cfg.attn_pattern != "dense" and not cross else None
-        # Transformer-XL / XLNet relative attention (models/relative.py), run by models/recurrence.py.
-        if cfg.position == "xl" and not cross:
-            self.rel = XLRelative(cfg.d_model, self.n_heads, self.hd, cfg.rel_segments, cfg.init_std)
         # Prefix-tuning hook (lmforge.adapt.prefix): a callable (k, v, mask, is_causal, layer) -> (k, v, mask) that
         # puts learned keys/values before this layer's self-attention keys. A plain attribute, not a submodule.
         self.kv_prefix = None

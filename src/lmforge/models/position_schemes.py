@@ -1,8 +1,9 @@
 """What each position scheme is, as facts code outside the model reads instead of comparing `model.position` to a
 string: one `PositionScheme` per value of `ModelConfig.position`, in `POSITION_SCHEMES`.
 
-The modules that compute the encodings live in models/positions.py; this table holds no tensors, so a config can
-answer these questions without importing torch."""
+The modules that compute the encodings live in models/positions.py and each scheme's part of a stack (its
+`Positions` component) in models/position_components.py; this table holds no tensors, so a config can answer these
+questions without importing torch."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ class PositionScheme:
     recurrent: bool = False
     """Transformer-XL relative attention (Dai et al. 2019): segments can carry memory, and the stack's blocks keep
     their own relative-attention parameters."""
+    config_fields: tuple[str, ...] = ()
+    """The `ModelConfig` fields that matter under this scheme and are ignored under the others that do not list them
+    (RoPE's base; T5's buckets; the distance T5's and Shaw's tables clip at; Shaw's value vectors): a config's
+    canonical form (models/hf/base.py) drops the ones its scheme does not list. Transformer-XL lists none."""
 
     def max_positions(self, max_seq_len: int) -> int | None:
         """How many positions a model of this scheme can encode (its learned table's length), None when unbounded."""
@@ -43,10 +48,10 @@ POSITION_SCHEMES: dict[str, PositionScheme] = {
     for s in (
         PositionScheme("learned", learned_table=True, absolute_table=True, per_token=True),
         PositionScheme("sinusoidal", absolute_table=True, per_token=True),
-        PositionScheme("rope", rotary=True, per_token=True),
+        PositionScheme("rope", rotary=True, per_token=True, config_fields=("rope_base",)),
         PositionScheme("alibi", per_head_bias=True),
-        PositionScheme("t5_bias", per_head_bias=True),
-        PositionScheme("shaw"),
+        PositionScheme("t5_bias", per_head_bias=True, config_fields=("rel_buckets", "rel_max_distance")),
+        PositionScheme("shaw", config_fields=("rel_max_distance", "shaw_values")),
         PositionScheme("xl", recurrent=True),
         PositionScheme("none", per_token=True),
     )

@@ -12,13 +12,7 @@ from lmforge.errors import LMForgeError
 from lmforge.models.config import MaskKind, ModelConfig
 from lmforge.models.layers import AttnInputs, Block, KVCache, make_norm
 from lmforge.models.masks import kind_allowed
-from lmforge.models.positions import (
-    LearnedPositions,
-    T5RelativeBias,
-    alibi_bias,
-    alibi_slopes,
-    sinusoidal_embedding,
-)
+from lmforge.models.position_components import Positions, build_positions
 from lmforge.models.static_cache import StaticKVCache
 
 
@@ -65,21 +59,20 @@ class Stack(nn.Module):
         super().__init__()
         self.cfg, self.kind, self.n_layers = cfg, kind, n_layers
         emb_dim = cfg.embedding_dim or cfg.d_model
-        if cfg.position == "learned":
-            self.pos_emb = LearnedPositions(cfg.max_seq_len + cfg.position_offset, emb_dim)
+        positions = build_positions(cfg, kind)
+        self._positions_attr = positions.attr
+        # Registration order is models/init.py's draw order: a table added to the embeddings comes before the
+        # segment table and the embedding norm, an attention bias after them (as they always have).
+        if positions.scheme.absolute_table:
+            self.add_module(positions.attr, positions)
         if cfg.type_vocab_size:
             self.type_emb = nn.Embedding(cfg.type_vocab_size, emb_dim)
         if cfg.embedding_norm:
             self.emb_norm = make_norm(cfg, emb_dim)
         if emb_dim != cfg.d_model:  # ALBERT / ELECTRA: factorised embeddings, E -> d_model
             self.emb_proj = nn.Linear(emb_dim, cfg.d_model)
-        if cfg.position == "t5_bias":
-            # One table per stack, computed once per forward and shared by every layer (as T5's layer 0 does).
-            self.rel_bias = T5RelativeBias(
-                cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional=kind == "bidirectional"
-            )
-        if cfg.position == "alibi":
-            self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        if not positions.scheme.absolute_table:
+            self.add_module(positions.attr, positions)
         if cfg.two_stream:  # XLNet §2.3: the query stream starts from one learned vector w
             self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # initialised by models/init.py
         self.dropout = nn.Dropout(cfg.dropout)
@@ -88,15 +81,18 @@ class Stack(nn.Module):
         if cfg.final_norm:
             self.final_norm = make_norm(cfg)
 
-    def embed(self, x: Tensor, positions: Tensor, token_type_ids: Tensor | None) -> Tensor:
+    @property
+    def pos(self) -> Positions:
+        """This stack's position component (models/position_components.py), registered as its `attr`."""
+        # Read by name, so a component another stack lends (ELECTRA's generator borrows `pos_emb`) is the one used.
+        return getattr(self, self._positions_attr)
+
+    def embed(self, x: Tensor, positions: Tensor | None, token_type_ids: Tensor | None) -> Tensor:
         """Add positions and segments to token embeddings x (B, T, E) and map to d_model."""
         cfg = self.cfg
         if cfg.scale_embeddings:
             x = x * math.sqrt(cfg.d_model)
-        if cfg.position == "learned":
-            x = x + self.pos_emb(positions + cfg.position_offset)
-        elif cfg.position == "sinusoidal":
-            x = x + sinusoidal_embedding(positions, x.shape[-1]).to(x.dtype)
+        x = self.pos.embed(x, positions)
         if cfg.type_vocab_size:
             if token_type_ids is None:
                 token_type_ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
@@ -124,13 +120,10 @@ class Stack(nn.Module):
             raise LMForgeError("a prefix-LM model (model.mask='prefix') needs prefix_len in its first forward")
         key_index = torch.arange(k_len, device=x.device)
         query_index = key_index[offset:]
-        bias = None
-        if self.cfg.position == "t5_bias":
-            bias = self.rel_bias(T, k_len, q_offset=offset)  # (1, H, T, Tk)
-        elif self.cfg.position == "alibi":
-            causal = self.kind != "bidirectional" and attn_kind is None  # row kinds mask the future themselves
-            bias = alibi_bias(self.slopes, query_index, key_index, causal)[None]
-        plain = self.kind == "causal" and key_padding is None and bias is None and self.cfg.position != "shaw"
+        pos = self.pos
+        causal = self.kind != "bidirectional" and attn_kind is None  # row kinds mask the future themselves
+        bias = pos.attention_bias(query_index, key_index, offset, causal)  # (1, H, T, Tk) or None
+        plain = self.kind == "causal" and key_padding is None and bias is None and not pos.explicit_mask
         if plain and attn_kind is None and (offset == 0 or T == 1):
             # No explicit mask: SDPA's causal path (flash attention on GPU); one new token sees every key.
             return AttnInputs(None, offset == 0, positions, query_index, key_index, cache)

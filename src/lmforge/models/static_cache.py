@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.models.layers import AttnInputs, KVCache
-from lmforge.models.positions import alibi_bias
 
 _POOL: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, list[Tensor]]] = weakref.WeakKeyDictionary()
 """Per model: the shapes and buffers of its last static cache, reused when the next one has the same shapes."""
@@ -131,7 +130,6 @@ class StaticKVCache:
     def step_inputs(self, stack: nn.Module, x: Tensor, positions: Tensor) -> AttnInputs:
         """Self-attention inputs of one new token per row (`Stack._self_inputs` for a static cache): an additive
         mask (N, 1, 1, capacity) over the written, non-padding slots, with ALiBi or T5 position biases in it."""
-        cfg = stack.cfg
         key_index = torch.arange(self.capacity, device=x.device)  # (L,)
         query_index = self.slot  # (1,): the new token's slot
         ok = self.key_ok & (key_index <= self.slot)  # (N, L)
@@ -139,11 +137,7 @@ class StaticKVCache:
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         neg = torch.finfo(dtype).min
         mask = torch.zeros(ok.shape, dtype=dtype, device=x.device).masked_fill(~ok, neg)[:, None, None, :]
-        bias = None
-        if cfg.position == "t5_bias":
-            bias = stack.rel_bias(1, self.capacity, q_offset=self.slot)  # (1, H, 1, L)
-        elif cfg.position == "alibi":
-            bias = alibi_bias(stack.slopes, query_index, key_index, causal=True)[None]
+        bias = stack.pos.step_bias(self.slot, key_index)  # (1, H, 1, L): ALiBi or T5 biases, else None
         if bias is not None:
             mask = (mask + bias.to(dtype)).clamp(min=neg)
         return AttnInputs(mask, False, positions, query_index, key_index, self)

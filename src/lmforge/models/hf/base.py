@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
+from lmforge.models.position_schemes import POSITION_SCHEMES
 
 StateDict = dict[str, Tensor]
 
@@ -171,6 +172,10 @@ class Converter:
         return canonical(back) == canonical(cfg)
 
 
+_SCHEME_FIELDS = frozenset(f for s in POSITION_SCHEMES.values() for f in s.config_fields)
+"""Config fields some position scheme alone reads (rope_base, rel_buckets, rel_max_distance, shaw_values)."""
+
+
 def canonical(cfg: ModelConfig) -> dict:
     """The fields that decide what a model computes, with unused ones dropped and defaults resolved.
 
@@ -186,14 +191,8 @@ def canonical(cfg: ModelConfig) -> dict:
     d["n_decoder_layers"] = cfg.decoder_layers if cfg.is_encoder_decoder else None
     if cfg.max_positions is None:  # no learned table: max_seq_len and the offset size nothing
         d.pop("max_seq_len"), d.pop("position_offset")
-    if cfg.position != "rope":
-        d.pop("rope_base")
-    if cfg.position != "t5_bias":
-        d.pop("rel_buckets")
-        if cfg.position != "shaw":
-            d.pop("rel_max_distance")
-    if cfg.position != "shaw":
-        d.pop("shaw_values")
+    for k in _SCHEME_FIELDS.difference(cfg.position_scheme.config_fields):  # other schemes' settings
+        d.pop(k)
     if cfg.attn_pattern == "dense":
         for k in ("attn_band", "attn_stride", "attn_fixed_c", "attn_sparse_every", "attn_factorize"):
             d.pop(k)

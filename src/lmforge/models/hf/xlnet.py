@@ -30,7 +30,7 @@ class XLNetConverter(Converter):
     arch = "encoder"
 
     def matches(self, cfg: ModelConfig, sd: Mapping[str, Tensor]) -> bool:
-        return cfg.position == "xl" and cfg.arch in ("encoder", "decoder") and self._round_trips(cfg, sd)
+        return cfg.position_scheme.recurrent and cfg.arch in ("encoder", "decoder") and self._round_trips(cfg, sd)
 
     def _round_trips(self, cfg: ModelConfig, sd: Mapping[str, Tensor]) -> bool:
         from lmforge.models.hf.base import canonical
