@@ -39,8 +39,6 @@ FLOORS: list[tuple[str, ...]] = [
     ("lmforge.models", "lmforge.tokenizers"),
     (  # the config core and what every floor shares
         "lmforge.config",
-        "lmforge.config.types",
-        "lmforge.config.sections",
         "lmforge.checkpoints",
         "lmforge.registry",
         "lmforge.errors",
@@ -52,8 +50,9 @@ FLOORS: list[tuple[str, ...]] = [
 ]
 _FLOOR = {prefix: len(FLOORS) - 1 - i for i, prefixes in enumerate(FLOORS) for prefix in prefixes}
 
-# What still imports upward or round a loop. The test fails when an entry here is fixed (delete it) as well as when a
-# new one appears, so the list only shrinks.
+# The imports allowed against the order: the Hugging Face-shaped facade on Transformer (from_pretrained reads runs
+# back, save_pretrained writes a checkpoint; docs/architecture.md, "The one exception"). The test fails when an entry
+# is no longer needed as well as when another upward import appears, so the list can only shrink.
 KNOWN: set[tuple[str, str]] = {
     ("lmforge.models.hf_surface", "lmforge.loading"),
     ("lmforge.models.hf_surface", "lmforge.train.checkpoint"),
