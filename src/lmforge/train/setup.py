@@ -200,7 +200,7 @@ def _save_atomically(tokenizer, directory: Path, recipe: dict) -> None:
 def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0), again when an
     earlier attempt prepared them with other settings or another tokenizer."""
-    from lmforge.data import prepare
+    from lmforge.data import prepare, prepared_cache
     from lmforge.data.prepare import tokenizer_fingerprint
     from lmforge.progress import status
 
@@ -217,16 +217,22 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
             recipe["text_field"] = cfg.data.text_field
         prepared_here = _stale(data_dir, recipe)
         if dist.is_main and prepared_here:
-            status(f"preparing token shards in {data_dir}")
-            prepare(
-                _input_paths(cfg),
-                data_dir,
-                tokenizer,
-                val_fraction=cfg.data.val_fraction,
-                clean=cfg.data.clean,
-                seed=cfg.run.seed,
-                text_field=cfg.data.text_field,
-            )
+            inputs = _input_paths(cfg)
+            key = prepared_cache.cache_key(inputs, {k: v for k, v in recipe.items() if k != "inputs"})
+            if prepared_cache.restore(key, data_dir):
+                status(f"reusing the token shards prepared before from the same text and settings ({key})")
+            else:
+                status(f"preparing token shards in {data_dir}")
+                prepare(
+                    inputs,
+                    data_dir,
+                    tokenizer,
+                    val_fraction=cfg.data.val_fraction,
+                    clean=cfg.data.clean,
+                    seed=cfg.run.seed,
+                    text_field=cfg.data.text_field,
+                )
+                prepared_cache.store(key, data_dir)
             write_atomic(data_dir / _RECIPE_FILE, json.dumps(recipe) + "\n")
         barrier(dist)
     meta = json.loads((data_dir / "meta.json").read_text())
