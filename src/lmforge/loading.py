@@ -21,7 +21,7 @@ from lmforge.models.hf import import_hf, is_hf_dir
 from lmforge.models.presets import model_config_from_dict
 from lmforge.objectives import OBJECTIVES
 from lmforge.registry import MODELS, TASKS
-from lmforge.tasks.backbone import SECTIONS, _tokenizer_for, random_backbone, task_token_rows
+from lmforge.tasks.backbone import SECTIONS, backbone_tokenizer, random_backbone, task_token_rows
 from lmforge.tasks.config import FtModelConfig, build_finetune_config
 from lmforge.tasks.predictor import FineTunedTransformer
 from lmforge.tokenizers import Tokenizer
@@ -145,7 +145,7 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
     if tokenizer is None:
         if not cfg.tokenizer:
             raise LMForgeError(f"{init} has no tokenizer lmforge can read: set model.tokenizer")
-        tokenizer = _tokenizer_for(cfg, model.config.arch, texts)
+        tokenizer = backbone_tokenizer(cfg, model.config.arch, texts)
     return model, tokenizer
 
 

@@ -14,7 +14,8 @@ from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 SECTIONS = ("run", "model", "task", "data", "train", "peft")
 
 
-def _tokenizer_for(cfg: FtModelConfig, arch: str, texts: Callable[[], list[str]]):
+def backbone_tokenizer(cfg: FtModelConfig, arch: str, texts: Callable[[], list[str]]):
+    """`model.tokenizer` (a path or a published name), or one trained on the task's texts for a model of `arch`."""
     from lmforge.tokenizers import train_tokenizer
     from lmforge.tokenizers.published import load_tokenizer
 
@@ -29,7 +30,7 @@ def random_backbone(preset: str, cfg: FtModelConfig, texts: Callable[[], list[st
     from lmforge.models import Transformer, get_preset
 
     base = get_preset(preset)
-    tokenizer = _tokenizer_for(cfg, base.arch, texts)
+    tokenizer = backbone_tokenizer(cfg, base.arch, texts)
     vocab = tokenizer.vocab_size if not cfg.tokenizer else max(tokenizer.vocab_size, base.vocab_size)
     mc = dataclasses.replace(base, vocab_size=vocab)
     if tokenizer.pad_id is not None:
