@@ -218,3 +218,10 @@ def test_cmd_train_samples_unigram_text_and_reuses_the_cached_tokenizer(
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
     cmd_train([corpus], tmp_path / "c", "unigram", 150, sample_chars=13000)
     assert "reusing" not in capsys.readouterr().err and len(list(tokenizer_cache.iterdir())) == 2
+
+
+def test_the_commands_family_choices_are_the_families() -> None:
+    from lmforge.cli.tokenizer import FAMILY_CHOICES
+    from lmforge.tokenizers.specials import FAMILIES
+
+    assert tuple(FAMILY_CHOICES) == FAMILIES

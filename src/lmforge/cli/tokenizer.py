@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING
 
 from lmforge.errors import LMForgeError
 
+FAMILY_CHOICES = ["gpt", "bert", "t5", "bart", "llama"]
+"""`tokenizers.specials.FAMILIES` written out: importing that package imports torch, which `lmforge --help` avoids
+(tests/test_tokenizers_cli.py holds the two equal)."""
+
 if TYPE_CHECKING:
     from lmforge.tokenizers.core import Tokenizer
     from lmforge.tokenizers.specials import Family, Kind
@@ -25,7 +29,7 @@ def add_parser(sub, name: str) -> None:
     tt.add_argument("--vocab-size", type=int, default=8192)
     tt.add_argument(
         "--family",
-        choices=["gpt", "bert", "t5", "bart", "llama"],
+        choices=FAMILY_CHOICES,
         default=None,
         help="default: the kind's usual family",
     )
