@@ -27,8 +27,9 @@ from lmforge.adapt import (
     save_adapter,
     symmetric_kl,
     trainable_parameters,
+    with_consistency,
 )
-from lmforge.data.examples import Dataset
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.loading import load_finetuned
 from lmforge.registry import TASKS
@@ -87,13 +88,13 @@ def test_regulariser_is_zero_for_identical_routes_and_positive_otherwise(monkeyp
     task, model, batch = _task()
     n_sites = sum(isinstance(m, MixtureAdapter) for m in model.modules())
     _route_with(monkeypatch, itertools.repeat((0, 1)))  # both passes take the same experts everywhere
-    same = task.loss(model, batch)
+    same = with_consistency(task)(model, batch)
     assert same.metrics["consistency_loss"] == 0.0
     base = same.metrics["task_loss"] + task.options.lm_coef * same.metrics["lm_loss"]
     assert float(same.loss.detach()) == pytest.approx(base, abs=1e-6)
     # First pass (0, 1), second pass (2, 0) at every site: other routes, other outputs.
     _route_with(monkeypatch, [(0, 1)] * n_sites + [(2, 0)] * n_sites)
-    other = task.loss(model, batch)
+    other = with_consistency(task)(model, batch)
     assert other.metrics["consistency_loss"] > 1e-4
     assert other.metrics["task_loss"] == same.metrics["task_loss"]  # the task loss is the first pass's
     want = base + 1.0 * other.metrics["consistency_loss"]
@@ -105,17 +106,17 @@ def test_regulariser_weight_passes_and_modes():
     calls = []
     model.backbone.register_forward_pre_hook(lambda m, a: calls.append(1))
     torch.manual_seed(0)
-    out = task.loss(model, batch)
+    out = with_consistency(task)(model, batch)
     assert len(calls) == 2 and out.metrics["consistency_loss"] > 0  # random routes differ (3 x 3 pairs)
     base = out.metrics["task_loss"] + task.options.lm_coef * out.metrics["lm_loss"]
     assert float(out.loss.detach()) == pytest.approx(base + 2.5 * out.metrics["consistency_loss"], rel=1e-5)
     calls.clear()
     model.eval()  # evaluation: one pass, no regulariser
-    assert "consistency_loss" not in task.loss(model, batch).metrics and len(calls) == 1
+    assert "consistency_loss" not in with_consistency(task)(model, batch).metrics and len(calls) == 1
     task, model, batch = _task(consistency_weight=0.0)
-    assert "consistency_loss" not in task.loss(model, batch).metrics
+    assert "consistency_loss" not in with_consistency(task)(model, batch).metrics
     task, model, batch = _task(n_experts=1)  # one expert: every route is the same
-    assert task.loss(model, batch).metrics["consistency_loss"] == 0.0
+    assert with_consistency(task)(model, batch).metrics["consistency_loss"] == 0.0
     with pytest.raises(LMForgeError, match="adamix.consistency_weight must be >= 0, got -1.0"):
         _task(consistency_weight=-1.0)
 
@@ -191,7 +192,7 @@ def _trained_disagreement(weight: float, steps: int = 30) -> float:
     torch.manual_seed(1)
     for _ in range(steps):
         opt.zero_grad()
-        task.loss(model, batch).loss.backward()
+        with_consistency(task)(model, batch).loss.backward()
         opt.step()
     with torch.no_grad():
         return sum(float(symmetric_kl(model(batch).logits, model(batch).logits)) for _ in range(20)) / 20
@@ -224,3 +225,29 @@ def test_finetuning_with_the_regulariser_runs_the_loss_drops_and_reloads_merged(
     assert cfg.peft.method == "adamix" and not any(isinstance(m, MixtureAdapter) for m in model.modules())
     assert sum(isinstance(m, BottleneckAdapter) for m in model.modules()) == 4
     assert task.evaluate(model, tuner.splits["dev"]) == pytest.approx(dev)
+
+
+@pytest.mark.parametrize("task_type", ["seq2seq", "token_tagging"])
+def test_the_regulariser_wraps_generation_and_tagging_tasks(task_type, monkeypatch):
+    """The wrapper adds consistency_weight × the task's own divergence (next-token distributions at the label tokens;
+    tags at tagged tokens) to the first pass's loss, which `task.loss` alone returns unchanged."""
+    tok = T.tokenizer("gpt")
+    cls = TASKS.get(task_type)
+    if task_type == "seq2seq":
+        task = cls(cls.Options(), tok, None)
+        data = Dataset([Example(text="It is a truth", target="universally acknowledged")] * 4)
+    else:
+        task = cls(cls.Options(head_dropout=0.0), tok, ["O", "B-X"])
+        data = Dataset([Example(tokens=["It", "is", "true"], tags=["O", "B-X", "O"])] * 4, ["O", "B-X"])
+    torch.manual_seed(0)
+    model = task.build(T.model("gpt-tiny", tok, seed=0))
+    apply_peft(model, "adamix", {"bottleneck": 8, "n_experts": 3, "init_std": 0.3, "consistency_weight": 2.0})
+    batch = collate(task.features(data, train=True), task.pad_id)
+    n_sites = sum(isinstance(m, MixtureAdapter) for m in model.modules())
+    _route_with(monkeypatch, [(0, 1)] * (2 * n_sites) + [(2, 0)] * n_sites)  # plain; first and second pass
+    plain = task.loss(model.train(), batch)
+    assert "consistency_loss" not in plain.metrics
+    out = with_consistency(task)(model, batch)
+    assert out.metrics["consistency_loss"] > 1e-5 and out.metrics["task_loss"] == plain.metrics["task_loss"]
+    want = float(plain.loss.detach()) + 2.0 * out.metrics["consistency_loss"]
+    assert float(out.loss.detach()) == pytest.approx(want, rel=1e-5)

@@ -2,7 +2,14 @@
 prompt tuning, top-k layer fine-tuning. `apply_peft(model, method, options)` is the one entry point; each method
 is an `ADAPTERS` registration with its own typed options."""
 
-from lmforge.adapt.adamix import AdaMixOptions, MixtureAdapter, apply_adamix, merge_adamix, symmetric_kl
+from lmforge.adapt.adamix import (
+    AdaMixOptions,
+    MixtureAdapter,
+    apply_adamix,
+    merge_adamix,
+    symmetric_kl,
+    with_consistency,
+)
 from lmforge.adapt.bottleneck import (
     AdapterLayer,
     BottleneckAdapter,
@@ -63,6 +70,7 @@ __all__ = [
     "read_adapter_config",
     "save_adapter",
     "symmetric_kl",
+    "with_consistency",
     "trainable_parameters",
     "unmerge_lora",
 ]

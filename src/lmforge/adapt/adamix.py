@@ -15,6 +15,7 @@ mixture of bottleneck adapters at every Houlsby site.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from lmforge.adapt.bottleneck import (
 from lmforge.adapt.inject import PeftState, check_positive
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import activation_fn
+from lmforge.objectives.base import LossOutput
 
 
 @dataclass
@@ -139,6 +141,24 @@ def consistency_weight(model: nn.Module) -> float:
     if state is None or state.method != "adamix" or not model.training:
         return 0.0
     return float(state.options.consistency_weight)
+
+
+def with_consistency(task) -> Callable[[nn.Module, dict[str, Tensor]], LossOutput]:
+    """`task`'s training loss with §3.2's consistency term for the training steps of an AdaMix model: the model runs
+    a second time (other random routes through the adapter experts) and consistency_weight × `task.divergence` of
+    the two passes' outputs is added to the first pass's loss, reported as `consistency_loss`. Other models, and
+    evaluation, get the task's loss unchanged."""
+
+    def loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
+        first, outputs = task.scored(model, batch)
+        weight = consistency_weight(model)
+        if weight == 0:
+            return first
+        divergence = task.divergence(outputs, task.outputs(model, batch), batch)
+        first.metrics["consistency_loss"] = float(divergence.detach())
+        return LossOutput(first.loss + weight * divergence, first.n_tokens, first.metrics)
+
+    return loss
 
 
 def symmetric_kl(a: Tensor, b: Tensor) -> Tensor:

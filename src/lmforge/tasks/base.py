@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.adapt.adamix import consistency_weight, symmetric_kl
+from lmforge.adapt.adamix import symmetric_kl
 from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
@@ -136,6 +136,11 @@ class Task:
     # --- training and evaluation ----------------------------------------------------------------------------
 
     def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
+        """The training loss of a batch (what the fine-tuning loop minimises)."""
+        return self.scored(model, batch)[0]
+
+    def scored(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[LossOutput, Any]:
+        """(the loss, this pass's outputs as `divergence` compares them)."""
         raise NotImplementedError
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
@@ -186,32 +191,22 @@ class Task:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
     def with_aux(self, task_loss: Tensor, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]) -> LossOutput:
-        """L3 = L2 + λ·L1 (GPT-1 §3.3), plus AdaMix's consistency term when it applies; the parts are reported
-        as metrics."""
+        """L3 = L2 + λ·L1 (GPT-1 §3.3); the parts are reported as metrics."""
         n = batch["input_ids"].shape[0]
         total, metrics = task_loss, {"task_loss": float(task_loss.detach())}
         lm = self.aux_lm_loss(model, out, batch)
         if lm is not None:
             total = total + self.options.lm_coef * lm
             metrics["lm_loss"] = float(lm.detach())
-        return self.with_consistency(LossOutput(total, n, metrics), model, out, batch)
+        return LossOutput(total, n, metrics)
 
-    # --- AdaMix consistency (Wang et al. 2022 §3.2) -----------------------------------------------------------
+    # --- two passes compared (AdaMix consistency, Wang et al. 2022 §3.2: adapt.adamix.with_consistency) ---------
 
-    def with_consistency(
-        self, loss: LossOutput, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]
-    ) -> LossOutput:
-        """For a training step of an AdaMix model: run the model a second time (other random routes through the
-        adapter experts) and add consistency_weight × the divergence between the two passes' outputs to the
-        loss, which stays the first pass's task loss otherwise; reported as `consistency_loss`."""
-        weight = consistency_weight(model)
-        if weight == 0:
-            return loss
-        divergence = self.output_divergence(out, model(batch), batch)
-        loss.metrics["consistency_loss"] = float(divergence.detach())
-        return LossOutput(loss.loss + weight * divergence, loss.n_tokens, loss.metrics)
+    def outputs(self, model: TaskModel, batch: dict[str, Tensor]) -> TaskOutput:
+        """One more pass's outputs, as `scored` returns them."""
+        return model(batch)
 
-    def output_divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
+    def divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
         """How far two passes' head outputs are apart: the symmetric KL of their distributions over the last axis
         (classes, choices), averaged over rows; a one-unit output (regression) is a Gaussian mean, whose symmetric
         KL at unit variance is half the squared difference."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lmforge.adapt.adamix import consistency_weight, symmetric_kl
+from lmforge.adapt.adamix import symmetric_kl
 from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
@@ -145,19 +145,24 @@ class Seq2Seq(Task):
         picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return picked * mask, mask
 
-    def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
+    def scored(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[LossOutput, tuple[Tensor, Tensor]]:
         logp, labels = self.target_logprobs(model, batch)
         mask = labels != -100
         n = int(mask.sum())
         picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
         loss = -picked.sum() / max(n, 1)
-        metrics = {"task_loss": float(loss.detach())}
-        weight = consistency_weight(model)
-        if weight:  # AdaMix §3.2 for generation: the symmetric KL of the two passes' next-token distributions
-            divergence = symmetric_kl(logp[mask], self.target_logprobs(model, batch)[0][mask])
-            metrics["consistency_loss"] = float(divergence.detach())
-            loss = loss + weight * divergence
-        return LossOutput(loss, n, metrics)
+        return LossOutput(loss, n, {"task_loss": float(loss.detach())}), (logp, mask)
+
+    def outputs(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """One more pass's (next-token log-probabilities (B, T', V), label-token mask (B, T'))."""
+        logp, labels = self.target_logprobs(model, batch)
+        return logp, labels != -100
+
+    def divergence(self, a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], batch: dict[str, Tensor]) -> Tensor:
+        """AdaMix §3.2 for generation: the symmetric KL of two passes' next-token distributions at the label
+        tokens."""
+        mask = a[1]
+        return symmetric_kl(a[0][mask], b[0][mask])
 
     def generate_batch(self, model: TaskModel, feats: list[dict], num_beams: int, max_new: int) -> list[str]:
         """Decoded continuations of the features' prompts (beam search when num_beams > 1)."""

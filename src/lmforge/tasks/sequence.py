@@ -12,7 +12,7 @@ from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.tasks.base import Task
 from lmforge.tasks.heads import Combine, SequenceHead
-from lmforge.tasks.model import TaskModel
+from lmforge.tasks.model import TaskModel, TaskOutput
 
 
 class SequenceTask(Task):
@@ -60,9 +60,9 @@ class SequenceTask(Task):
     def task_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(logits.float(), labels)
 
-    def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
+    def scored(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[LossOutput, TaskOutput]:
         out = model(batch)
-        return self.with_aux(self.task_loss(out.logits, batch["label"]), model, out, batch)
+        return self.with_aux(self.task_loss(out.logits, batch["label"]), model, out, batch), out
 
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         return model(batch).logits.argmax(-1).tolist()

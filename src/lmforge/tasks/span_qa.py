@@ -133,14 +133,14 @@ class SpanQA(Task):
             feats += self._example_features(i, ex, q[: self.options.max_query_len], train)
         return feats
 
-    def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
+    def scored(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[LossOutput, TaskOutput]:
         out = model(batch)
         pad = batch["attention_mask"] == 0
         start, end = (x.float().masked_fill(pad, torch.finfo(torch.float32).min) for x in out.logits)
         loss = (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
-        return self.with_aux(loss, model, out, batch)
+        return self.with_aux(loss, model, out, batch), out
 
-    def output_divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
+    def divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
         """Mean of the start and end distributions' symmetric KL, over real tokens."""
         pad = batch["attention_mask"] == 0
         x = [t.float().masked_fill(pad, torch.finfo(torch.float32).min) for t in (*a.logits, *b.logits)]

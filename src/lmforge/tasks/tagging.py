@@ -104,12 +104,12 @@ class TokenTagging(Task):
     def features(self, dataset: Dataset, train: bool = False) -> list[dict]:
         return [self._feature(i, ex, dataset.source or "data") for i, ex in enumerate(dataset.examples)]
 
-    def loss(self, model: TaskModel, batch: dict[str, Tensor]) -> LossOutput:
+    def scored(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[LossOutput, TaskOutput]:
         out = model(batch)
         loss = F.cross_entropy(out.logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
-        return self.with_aux(loss, model, out, batch)
+        return self.with_aux(loss, model, out, batch), out
 
-    def output_divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
+    def divergence(self, a: TaskOutput, b: TaskOutput, batch: dict[str, Tensor]) -> Tensor:
         """Over the tagged tokens (the first sub-token of each word) only."""
         tagged = batch["labels"] != -100
         return symmetric_kl(a.logits[tagged], b.logits[tagged])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.adapt.adamix import with_consistency
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
 from lmforge.data.examples import Dataset
 from lmforge.errors import LMForgeError
@@ -129,7 +130,8 @@ class FineTuner:
             resume_hint=f"lmforge finetune --run.dir={self.run_dir} --resume",
         )
         config = finetune_to_dict(cfg)
-        self.loop = self.session.start(self.model, self.task.loss, source, spec, config=config, loop_cfg=loop_cfg)
+        loss_fn = with_consistency(self.task) if cfg.peft.method == "adamix" else self.task.loss
+        self.loop = self.session.start(self.model, loss_fn, source, spec, config=config, loop_cfg=loop_cfg)
         self.log = self.session.log
         if self.resume_from is not None and d.is_main:
             print(f"resumed from {self.resume_from} at step {self.loop.step}", file=sys.stderr)
