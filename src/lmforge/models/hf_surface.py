@@ -6,8 +6,9 @@ beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (`t
 `lmforge.load`), and the loss of `labels=` is the LM head's cross-entropy the objectives use (`lm_head.py`). The
 model's own forward stays loss-free: the loss is added here, after it, only when labels are given.
 
-This surface is a facade over the whole library, so its methods import `lmforge.models.generate`, `lmforge.loading` and
-the checkpoint writer when called; nothing in lmforge calls them."""
+`from_pretrained` and `save_pretrained` are a facade over the whole library: they import `lmforge.loading` and the
+checkpoint writer when called, the two imports against the floor order that tests/test_layers.py allows
+(docs/architecture.md); nothing in lmforge calls them."""
 
 from __future__ import annotations
 
