@@ -33,7 +33,10 @@ def cache_dir() -> Path | None:
 
 
 def cache_key(inputs: Sequence | None, settings: dict) -> str | None:
-    """The key of `inputs` (None: the bundled corpus) prepared with `settings`, or None when an input is not a file."""
+    """The key of `inputs` (None: the bundled corpus) prepared with `settings`; None when an input is not a file, or
+    when the cache is off (the inputs are then not read for it)."""
+    if cache_dir() is None:
+        return None
     from lmforge.data.corpus import default_corpus_paths
     from lmforge.data.readers import resolve_sources
 
