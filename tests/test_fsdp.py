@@ -367,3 +367,10 @@ def test_a_save_published_before_another_process_died_is_reported_as_saved(tmp_p
     finally:
         monkeypatch.undo()
         dist.destroy_process_group()
+
+
+def test_a_plain_run_does_not_import_distributed_checkpointing():
+    # torch.distributed.checkpoint costs ~0.6 s to import: only sharded checkpoints need it.
+    script = "import sys, lmforge.train.pretrain\nassert 'torch.distributed.checkpoint' not in sys.modules\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

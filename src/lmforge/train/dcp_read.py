@@ -1,6 +1,9 @@
 """Reading sharded (DCP) checkpoints without a process group: their metadata, unpickled through an allowlist, and
 their weights consolidated in one process (for `lmforge.load`, `lmforge convert` and `run.init`). Writing and
-resharded loading are train/dcp.py."""
+resharded loading are train/dcp.py.
+
+`torch.distributed.checkpoint` (0.6 s to import) is imported by the functions that read a sharded checkpoint, so
+that a run with plain checkpoints never pays for it."""
 
 from __future__ import annotations
 
@@ -13,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import Tensor
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from lmforge.checkpoints import SHARDS_DIR, SHARDS_METADATA
 from lmforge.errors import LMForgeError
@@ -39,6 +39,9 @@ def dcp_reason(e: BaseException) -> str:
 def read_full_weights(path: Path) -> dict[str, Tensor]:
     """Every weight of sharded checkpoint `path`, consolidated into full CPU tensors in this process (no process
     group needed)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     path = Path(path)
     meta = read_metadata(path)
     state = {
@@ -49,7 +52,7 @@ def read_full_weights(path: Path) -> dict[str, Tensor]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-            dcp.load(state, storage_reader=FileSystemReader(str(path / SHARDS_DIR)), no_dist=True)
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path / SHARDS_DIR)), no_dist=True)
     except Exception as e:  # noqa: BLE001
         raise LMForgeError(f"could not read the sharded weights of {path}: {dcp_reason(e)}") from e
     return {k[len("model.") :]: v for k, v in state.items()}
@@ -82,6 +85,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_metadata(path: Path):
     """DCP's metadata of sharded checkpoint `path`, read with an allowlist of types: the checkpoint dir may come
     from anywhere, and a plain unpickling would run whatever a crafted file names."""
+    import torch.distributed.checkpoint  # noqa: F401 — the unpickler finds DCP's metadata types in sys.modules
+
     where = Path(path) / SHARDS_METADATA
     try:
         with open(where, "rb") as f:
