@@ -108,3 +108,12 @@ def test_plan_is_fixed_once_the_decay_has_begun():
     assert b.plan(20, 100) == 20 + 8 and b.frozen
     clock.now += 0.1
     assert b.plan(21, 28) == 28
+
+
+def test_a_long_compilation_in_the_first_window_does_not_end_the_run(tmp_path):
+    # The first step takes 20 s (compilation), every other 0.1 s: the first window's plan (~6 steps, decay begun)
+    # must not be fixed; 27 s hold 1 + (27 - 20) / 0.1 = 71 steps.
+    loop = _run(tmp_path, _Clock(), lambda i: 20.0 if i == 1 else 0.1, budget=27.0)
+    assert loop.step == loop.total == pytest.approx(71, abs=2)
+    lrs = {r["step"]: r["lr"] for r in read_metrics(tmp_path) if "lr" in r}
+    assert lrs[loop.step] == 0.0
