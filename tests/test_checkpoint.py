@@ -17,6 +17,7 @@ import yaml
 from safetensors import safe_open
 from torch import nn
 
+from lmforge import checkpoint_write
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file
 from lmforge.models.wrappers import unwrap_model
@@ -341,7 +342,7 @@ def test_disk_full_keeps_earlier_checkpoints(tmp_path, monkeypatch, target):
         full()
 
     if target == "save_file":
-        monkeypatch.setattr(ck, "save_file", half_written_weights)
+        monkeypatch.setattr(checkpoint_write, "save_file", half_written_weights)
     elif target == "torch_save":
         monkeypatch.setattr(ck.torch, "save", full)
     elif target == "fsync":
@@ -349,7 +350,8 @@ def test_disk_full_keeps_earlier_checkpoints(tmp_path, monkeypatch, target):
     elif target == "torch_zip_writer":  # the real torch.save on a file that fills up: its RuntimeError
         monkeypatch.setattr(ck, "open", _open_on_a_full_disk, raising=False)
     else:  # tokenizers and safetensors (Rust) put the errno in their message
-        monkeypatch.setattr(ck, "_write_yaml", lambda *a: (_ for _ in ()).throw(Exception("write (os error 28)")))
+        rust_error = Exception("write (os error 28)")
+        monkeypatch.setattr(checkpoint_write, "_write_yaml", lambda *a: (_ for _ in ()).throw(rust_error))
     with pytest.raises(LMForgeError) as e:
         _save(tmp_path, 2, train_state={"step": 2, "big": torch.zeros(1000)})
     assert str(e.value) == "could not save checkpoint step_2: No space left on device" + DISK_FULL

@@ -32,13 +32,18 @@ def _finetuned(pretrained: str, tmp_path, **peft) -> str:
     return str(run)
 
 
+@pytest.fixture(scope="module")
+def finetuned(pretrained, tmp_path_factory) -> str:
+    return _finetuned(pretrained, tmp_path_factory.mktemp("ft"))
+
+
 def _logits(model, ids):
     with torch.no_grad():
         return model(ids).logits
 
 
-def test_a_fine_tuned_run_loads_as_its_fine_tuned_backbone(pretrained, tmp_path, capsys):
-    run = _finetuned(pretrained, tmp_path)
+def test_a_fine_tuned_run_loads_as_its_fine_tuned_backbone(pretrained, finetuned, capsys):
+    run = finetuned
     model, tok = lmforge.load(run)
     _, tuned, tuned_tok, _ = load_finetuned(run)
     assert isinstance(model, Transformer) and tok.vocab_size == tuned_tok.vocab_size == model.config.vocab_size
@@ -49,6 +54,12 @@ def test_a_fine_tuned_run_loads_as_its_fine_tuned_backbone(pretrained, tmp_path,
     assert not torch.equal(model.tok_emb.weight[: before.config.vocab_size], before.tok_emb.weight)  # fine-tuned
     assert main(["model", "info", run]) == 0 and f"vocab_size={tok.vocab_size}" in capsys.readouterr().out
     assert main(["generate", run, "--prompt", "It is", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+
+
+def test_from_pretrained_refuses_a_fine_tuned_run_and_names_lmforge_load(finetuned):
+    with pytest.raises(LMForgeError, match=r"is a fine-tuned run: read it with lmforge\.load\(path\)") as e:
+        Transformer.from_pretrained(finetuned)
+    assert "\n" not in str(e.value)
 
 
 def test_lora_is_folded_in_and_adapters_are_refused(pretrained, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmforge import checkpoint_write
 from lmforge.cli import main
 from lmforge.data import load_default_corpus
 from lmforge.errors import LMForgeError
@@ -282,7 +283,7 @@ def test_checkpoint_of_another_architecture_is_refused_by_resume_and_generate(pr
 
 
 def test_disk_full_while_saving_keeps_earlier_checkpoints(prepared, tmp_path, capsys, monkeypatch):
-    real, calls = ck.save_file, []
+    real, calls = checkpoint_write.save_file, []
 
     def full_disk(*args, **kw):
         calls.append(1)
@@ -290,14 +291,14 @@ def test_disk_full_while_saving_keeps_earlier_checkpoints(prepared, tmp_path, ca
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, **kw)
 
-    monkeypatch.setattr(ck, "save_file", full_disk)
+    monkeypatch.setattr(checkpoint_write, "save_file", full_disk)
     run = tmp_path / "run"
     args = pretrain(prepared, run, "--train.save_every=2", "--train.max_steps=6", "--train.deterministic")
     full = "No space left on device (the disk is full: free space there or write elsewhere)"
     assert last_error_line(capsys, *args) == f"error: could not save checkpoint step_4: {full}"
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_2"]  # no scratch dir left behind
     assert ck.verify_checkpoint(run / "checkpoints" / "step_2") is None
-    monkeypatch.setattr(ck, "save_file", real)  # space freed: the run resumes from step 2
+    monkeypatch.setattr(checkpoint_write, "save_file", real)  # space freed: the run resumes from step 2
     rc, _, err = cli(capsys, *args, "--resume")
     assert rc == 0, err
     assert [r["step"] for r in train_rows(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]

@@ -1,15 +1,21 @@
-"""Finding, verifying and reading a run's checkpoints (writing them is train/checkpoint.py). This floor sits under
-config's resume rules, which fall back to a checkpoint's own config when RUN/config.yaml is lost."""
+"""Finding, verifying and reading a run's checkpoints: their config and their weights (the file format is written by
+checkpoint_write.py; a run's checkpoints by train/checkpoint.py). This floor sits under config's resume rules, which
+fall back to a checkpoint's own config when RUN/config.yaml is lost."""
 
 from __future__ import annotations
 
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import yaml
+from safetensors import SafetensorError, safe_open
+from torch import nn
 
+from lmforge.dcp_read import SHARDS_METADATA, read_full_weights
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file, os_reason
 
@@ -17,12 +23,15 @@ CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 MANIFEST_FILE = "manifest.json"
-SHARDS_DIR = "dcp"
-"""The torch.distributed.checkpoint directory of a sharded checkpoint (train/dcp.py)."""
-SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
+TRAIN_STATE_FILE = "train_state.pt"
+TIED_META = "lmforge.tied"
+"""model.safetensors metadata: JSON {alias name: stored name} of the tensors stored once for several names."""
 BEST_DIR = "best"
 """RUN/best: the checkpoint with the best dev metric of a run that selects one (fine-tuning, alignment)."""
 _STEP_RE = re.compile(r"step_(\d+)")
+EXPORT_MODULES = {"electra": "discriminator", "mae-lm": "encoder", "spanbert": "backbone"}
+"""The network config.yaml's model section describes, of the pretraining objectives that train several (ELECTRA's
+generator and discriminator): the one `lmforge.load(run)` returns; the others' weights stay in the checkpoint."""
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -144,3 +153,127 @@ def upgrade_saved_model(section: dict) -> dict:
     if section.get("position") == "shaw" and "shaw_values" not in section:
         return {**section, "shaw_values": False}
     return section
+
+
+def is_finetuned(config: dict) -> bool:
+    """Whether a checkpoint's config is a fine-tuned run's (its pretrained model under backbone, and a task)."""
+    return "backbone" in config and "task" in config
+
+
+def export_module(config: dict) -> str:
+    """The name under which a checkpoint holds the network its config's model section describes ("" for a run
+    that trains one network): config.yaml's `export_module` (alignment's policy), else its objective's."""
+    name = (config.get("objective") or {}).get("name")
+    return config.get("export_module") or EXPORT_MODULES.get(name, "")
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether checkpoint dir `path` holds sharded (DCP) weights (written by train/dcp.py)."""
+    return (Path(path) / SHARDS_METADATA).is_file()
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (a sharded model's tensor); a plain tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def normalize_keys(keys: list[str]) -> dict[str, str]:
+    """Map each state-dict key to its wrapper-free name.
+
+    ``_orig_mod`` segments (compiled submodules) are dropped anywhere; ``module.`` only when every key starts
+    with it, since a model may legitimately have a child called ``module``.
+    """
+    names = {k: ".".join(p for p in k.split(".") if p != "_orig_mod") for k in keys}
+    while names and all(n.startswith("module.") for n in names.values()):
+        names = {k: n[len("module.") :] for k, n in names.items()}
+    if len(set(names.values())) != len(names):
+        raise ValueError("state dict keys collide once wrapper prefixes are removed")
+    return names
+
+
+def view_key(t: torch.Tensor) -> tuple:
+    """Identifies one exact view of one storage: equal keys mean the same (tied) tensor."""
+    t = local(t)
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """All weights of a checkpoint by name; tied names map to the same tensor. A sharded checkpoint's weights are
+    consolidated here, in this process."""
+    path = Path(ckpt) / WEIGHTS_FILE
+    if not path.is_file() and is_sharded(ckpt):
+        return {k: v.to(device) for k, v in read_full_weights(Path(ckpt)).items()}
+    if not path.is_file():
+        raise LMForgeError(f"no {WEIGHTS_FILE} in {ckpt}")
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        aliases = json.loads(meta.get(TIED_META, "{}"))
+        for alias, source in aliases.items():
+            tensors[alias] = tensors[source]
+    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, AttributeError) as e:
+        # RuntimeError: safetensors maps the file through torch, which reports a missing or unreadable file so
+        raise LMForgeError(f"could not read {path}: {e}") from e
+    return tensors
+
+
+def load_weights(
+    ckpt: Path, model: nn.Module, strict: bool = True, shard: Callable[[dict, dict], dict] | None = None
+) -> tuple[list[str], list[str]]:
+    """Copy checkpoint weights into ``model`` (not wrapped: train/checkpoint.py's `load_weights` unwraps a compiled
+    or DDP model), keeping its tied weights. ``shard(own, saved)`` gives a sharded model the shards it holds of
+    the full tensors (train/parallel.py's `shard_like`).
+
+    Returns the (missing, unexpected) key names, which can be non-empty only when ``strict`` is False.
+    """
+    own = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    names = normalize_keys(list(own))
+    own_by_name = {names[k]: v for k, v in own.items()}
+    saved_raw = read_weights(ckpt)
+    saved = {n: saved_raw[k] for k, n in normalize_keys(list(saved_raw)).items()}
+    missing, unexpected = _check_match(own_by_name, saved, strict)
+    _check_ties(own_by_name, saved)
+    actual_key = {n: k for k, n in names.items()}
+    saved = {n: t for n, t in saved.items() if n in own_by_name}
+    if shard is not None:
+        saved = shard(own_by_name, saved)
+    model.load_state_dict({actual_key[n]: t for n, t in saved.items()}, strict=False)
+    return missing, unexpected
+
+
+def _check_match(
+    own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], strict: bool
+) -> tuple[list[str], list[str]]:
+    """Raise on the first shape mismatch (or, when strict, missing/unexpected key) in model order."""
+    prefix = "checkpoint does not match the model"
+    missing = []
+    for name, t in own.items():
+        if name not in saved:
+            if strict:
+                raise LMForgeError(f"{prefix}: key '{name}' is missing from the checkpoint")
+            missing.append(name)
+        elif saved[name].shape != t.shape:
+            got, want = tuple(saved[name].shape), tuple(t.shape)
+            raise LMForgeError(f"{prefix}: key '{name}' has shape {got}, the model expects {want}")
+    unexpected = [n for n in saved if n not in own]
+    if strict and unexpected:
+        raise LMForgeError(f"{prefix}: unexpected key '{unexpected[0]}' (not in the model)")
+    return missing, unexpected
+
+
+def _check_ties(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> None:
+    """A tensor the model ties under two names must get one value, or loading would silently pick one."""
+    first_name: dict[tuple, str] = {}
+    for name, t in own.items():
+        view = view_key(t)
+        other = first_name.setdefault(view, name)
+        if other == name or name not in saved or other not in saved:
+            continue
+        if saved[name] is not saved[other] and not torch.equal(saved[name], saved[other]):
+            raise LMForgeError(
+                f"checkpoint does not match the model: '{other}' and '{name}' are tied in the model "
+                "but differ in the checkpoint"
+            )

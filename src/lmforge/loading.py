@@ -10,16 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from lmforge.adapt import merge_and_unload
 from lmforge.adapt.adamix import merge_adamix
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
+from lmforge.checkpoints import is_finetuned
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
-from lmforge.models.hf import import_hf, is_hf_dir
 from lmforge.models.presets import model_config_from_dict
-from lmforge.objectives import OBJECTIVES
+from lmforge.models.pretrained import find_pretrained, is_hf_only, read_pretrained
 from lmforge.registry import MODELS, TASKS
 from lmforge.tasks.backbone import SECTIONS, backbone_tokenizer, random_backbone, task_token_rows
 from lmforge.tasks.config import FtModelConfig, build_finetune_config
@@ -62,30 +61,31 @@ def _checkpoint_names(path: Path) -> list[str] | None:
 
 
 def _load(path: Path, device: str | torch.device):
-    if is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists():
-        model, c = import_hf(path), path
-        try:
-            tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
-        except LMForgeError:
-            tokenizer = None  # e.g. a tokenizer model type lmforge does not wrap
+    c, cfg = find_pretrained(path)
+    if cfg is not None and is_finetuned(cfg):
+        model, tokenizer = _finetuned_backbone(c)
     else:
-        c = ckpt.model_checkpoint(path)
-        cfg = ckpt.read_config(c)
-        if is_finetuned(cfg):
-            model, tokenizer = _finetuned_backbone(c)
-        elif "model" not in cfg:
-            raise LMForgeError(f"{c}/config.yaml has no model section")
-        else:
-            model = Transformer(model_config_from_dict(cfg["model"]))
-            _load_run_weights(c, model, cfg)
-            tokenizer = Tokenizer.load(c) if (c / "tokenizer.json").is_file() else None
-        if not c.is_dir():  # rotated away by a live run while it was read: what was read may be part of it
-            raise LMForgeError(f"{c} was removed while it was read")
+        model = read_pretrained(c, cfg, Transformer)
+        tokenizer = _tokenizer(c, hf_dir=cfg is None)
+    if cfg is not None and not c.is_dir():  # rotated away by a live run while it was read: it may be part of it
+        raise LMForgeError(f"{c} was removed while it was read")
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise LMForgeError(
             f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
     return model.to(device).eval(), tokenizer
+
+
+def _tokenizer(c: Path, hf_dir: bool) -> Tokenizer | None:
+    """The tokenizer saved beside a model, or None; a Hugging Face dir's that lmforge does not wrap is None too."""
+    if not (c / "tokenizer.json").is_file():
+        return None
+    try:
+        return Tokenizer.load(c)
+    except LMForgeError:
+        if not hf_dir:
+            raise
+        return None  # e.g. a tokenizer model type lmforge does not wrap
 
 
 def _finetuned_backbone(c: Path):
@@ -104,28 +104,6 @@ def _finetuned_backbone(c: Path):
     return FineTunedTransformer.wrap(backbone, task, tuned.head, tuned.fmt), tokenizer
 
 
-def _load_run_weights(c: Path, model: Transformer, cfg: dict) -> None:
-    """Load a checkpoint's weights into `model`. A run that trains several networks (ELECTRA's generator and
-    discriminator, PPO's policy and value function) names, as `export_module` (of its objective, or in its
-    config.yaml), the one that `config.yaml`'s model section describes and `load` returns; the other networks'
-    weights stay in the checkpoint."""
-    name = (cfg.get("objective") or {}).get("name")
-    prefix = getattr(OBJECTIVES.get(name), "export_module", "") if name in OBJECTIVES else ""
-    prefix = cfg.get("export_module") or prefix
-    if not prefix:
-        ckpt.load_weights(c, model)
-        return
-    holder = nn.Module()
-    holder.add_module(prefix, model)
-    missing, _ = ckpt.load_weights(c, holder, strict=False)
-    if missing:
-        raise LMForgeError(f"checkpoint does not match the model: key '{missing[0]}' is missing from the checkpoint")
-
-
-def is_finetuned(ckpt_config: dict) -> bool:
-    return "backbone" in ckpt_config and "task" in ckpt_config
-
-
 def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
     """(backbone, tokenizer) for `model.init`: a preset or "none" (random init), a pretrained run / checkpoint /
     Hugging Face dir (`lmforge.load`), or a fine-tuned run (its backbone, e.g. MNLI before RTE)."""
@@ -138,7 +116,7 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
             return random_backbone(init, cfg, texts)
         raise LMForgeError(f"model.init: '{init}' is neither a run/checkpoint/model dir nor a model preset")
 
-    if not _is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path))):
+    if not is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path))):
         _, model, tokenizer, _ = load_finetuned(path)
         return model.backbone, tokenizer
     model, tokenizer = load(path)
@@ -147,10 +125,6 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
             raise LMForgeError(f"{init} has no tokenizer lmforge can read: set model.tokenizer")
         tokenizer = backbone_tokenizer(cfg, model.config.arch, texts)
     return model, tokenizer
-
-
-def _is_hf_only(path: Path) -> bool:
-    return is_hf_dir(path) and not (path / ckpt.CONFIG_FILE).exists()
 
 
 def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):

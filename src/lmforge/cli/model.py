@@ -37,7 +37,7 @@ def cmd_model_info(preset: str, batch: int | None = None, seq: int | None = None
         print(PUBLISHED_TABLES[preset]())
         return
     if Path(preset).exists():  # what a run or checkpoint built
-        from lmforge.loading import is_finetuned
+        from lmforge.checkpoints import is_finetuned
         from lmforge.models.presets import model_config_from_dict
         from lmforge.train import checkpoint as ckpt
 

@@ -14,10 +14,11 @@ RESULTS_FILE = "eval-results.json"
 
 def is_finetuned_run(path: Path) -> bool:
     """Whether `path` is a fine-tuned run or checkpoint (not a pretrained one, nor a Hugging Face dir)."""
-    from lmforge.loading import _is_hf_only, is_finetuned
+    from lmforge.checkpoints import is_finetuned
+    from lmforge.models.pretrained import is_hf_only
     from lmforge.train import checkpoint as ckpt
 
-    if _is_hf_only(path):
+    if is_hf_only(path):
         return False
     try:
         return is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path)))

@@ -2,13 +2,11 @@
 returning a loss, and outputs indexable as `transformers` ModelOutputs (`out[0]`, `out["loss"]`).
 
 It is a thin layer over lmforge's own code, which stays the way in: generation is `models/generate.py` (sampling,
-beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (`train/checkpoint.py`, read back by
-`lmforge.load`), and the loss of `labels=` is the LM head's cross-entropy the objectives use (`lm_head.py`). The
-model's own forward stays loss-free: the loss is added here, after it, only when labels are given.
-
-`from_pretrained` and `save_pretrained` are a facade over the whole library: they import `lmforge.loading` and the
-checkpoint writer when called, the two imports against the floor order that tests/test_layers.py allows
-(docs/architecture.md); nothing in lmforge calls them."""
+beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (written by `checkpoint_write.py`,
+read back by `models/pretrained.py`, which `lmforge.load` reads through too), and the loss of `labels=` is the LM
+head's cross-entropy the objectives use (`lm_head.py`). The model's own forward stays loss-free: the loss is added
+here, after it, only when labels are given. Nothing here reaches above models/: a fine-tuned run, whose task head
+lives in tasks/, is read with `lmforge.load`."""
 
 from __future__ import annotations
 
@@ -21,6 +19,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lmforge.checkpoint_write import write_failure, write_model_files
+from lmforge.checkpoints import MANIFEST_FILE, is_finetuned
 from lmforge.errors import LMForgeError
 from lmforge.models.lm_head import cross_entropy
 
@@ -301,21 +301,30 @@ class HFSurface:
         dtype: torch.dtype | str | None = None,
         **unsupported: Any,
     ):
-        """The model of a local lmforge run dir, checkpoint dir (`save_pretrained`'s) or Hugging Face model dir, in
-        eval mode as `transformers` returns it (`lmforge.load` without the tokenizer: `Tokenizer.from_pretrained`).
-        dtype: a torch dtype or its name ("bfloat16"); torch_dtype is its `transformers` alias."""
+        """The model of a local lmforge run dir of a pretrained model, checkpoint dir (`save_pretrained`'s) or
+        Hugging Face model dir, in eval mode as `transformers` returns it (`lmforge.load` without the tokenizer:
+        `Tokenizer.from_pretrained`). A fine-tuned run is refused: `lmforge.load(path)` reads it, as the fine-tuned
+        model that also predicts with the run's task head. dtype: a torch dtype or its name ("bfloat16");
+        torch_dtype is its `transformers` alias."""
         if "torch_dtype" in unsupported and dtype is None:
             dtype = unsupported.pop("torch_dtype")
         if unsupported:
             raise _one_line_kwargs("from_pretrained()", unsupported, "path, device, dtype (torch_dtype)")
-        from lmforge.loading import load  # reading checkpoints and HF dirs lives above models/
+        from lmforge.models.pretrained import find_pretrained, read_pretrained  # its models/hf imports Transformer
 
         path = Path(pretrained_model_name_or_path)
         if not path.exists():
             raise LMForgeError(f"{path} does not exist (from_pretrained reads local lmforge and Hugging Face dirs)")
-        model, _ = load(path, device)
+        c, cfg = find_pretrained(path)
+        if cfg is not None and is_finetuned(cfg):
+            raise LMForgeError(
+                f"{path} is a fine-tuned run: read it with lmforge.load(path), which returns the fine-tuned model "
+                "that predicts (from_pretrained reads pretrained models)"
+            )
+        model = read_pretrained(c, cfg, cls)
         if not isinstance(model, cls):
             raise LMForgeError(f"{path} holds a {type(model).__name__}, not a {cls.__name__}")
+        model = model.to(device).eval()
         return model if dtype is None else model.to(_dtype(dtype))
 
 
@@ -331,15 +340,13 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 def _save_lmforge(model, out: Path, tokenizer, state_dict: dict[str, Tensor] | None) -> Path:
     """Write a complete checkpoint in a scratch dir beside `out`, then move its files into `out` (the manifest
     last, so a save cut short leaves no manifest that lists missing files); other files in `out` stay."""
-    from lmforge.train.checkpoint import MANIFEST_FILE, write_checkpoint_dir
-
     config = {"model": dataclasses.asdict(model.config)}
-    out.parent.mkdir(parents=True, exist_ok=True)
     scratch = out.with_name(f".tmp-save-{out.name}-{os.getpid()}")
     try:
-        write_checkpoint_dir(
-            scratch, state_dict if state_dict is not None else model, config=config, tokenizer=tokenizer
-        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        write_model_files(scratch, state_dict if state_dict is not None else model.state_dict(), config, tokenizer)
         out.mkdir(exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
         names = sorted(p.name for p in scratch.iterdir() if p.name != MANIFEST_FILE) + [MANIFEST_FILE]
@@ -347,8 +354,11 @@ def _save_lmforge(model, out: Path, tokenizer, state_dict: dict[str, Tensor] | N
             if (out / name).is_dir():
                 shutil.rmtree(out / name)
             os.replace(scratch / name, out / name)
-    except OSError as e:
-        raise LMForgeError(f"could not save to {out}: {e.strerror or e}") from e
+    except Exception as e:
+        failure = write_failure(f"save to {out}", e)
+        if failure is None:
+            raise
+        raise failure from e
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out

@@ -122,8 +122,8 @@ class MAELM(MaskedObjective):
 
     name = "mae-lm"
     Options = MAELMOptions
-    export_module = "encoder"
-    """`lmforge.load(run)` returns the encoder; the decoder's weights stay in the checkpoint."""
+    # lmforge.load(run) returns the encoder: the model section of the run's config describes it
+    # (lmforge/checkpoints.py, EXPORT_MODULES)
 
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)

@@ -60,8 +60,8 @@ class SpanBERT(MaskedObjective):
 
     name = "spanbert"
     Options = SpanBERTOptions
-    export_module = "backbone"
-    """`lmforge.load(run)` returns the encoder; the boundary head stays in the checkpoint."""
+    # lmforge.load(run) returns the backbone: the model section of the run's config describes it
+    # (lmforge/checkpoints.py, EXPORT_MODULES)
 
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)

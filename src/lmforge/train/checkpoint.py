@@ -31,7 +31,6 @@ weights in a single process, so ``lmforge.load``, ``lmforge convert`` and ``run.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -41,115 +40,55 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import yaml
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-# Reading checkpoints lives a floor below (lmforge/checkpoints.py: config's resume rules use it); callers keep
-# reading its names from here too.
+# Reading checkpoints lives a floor below (lmforge/checkpoints.py: config's resume rules use it), and so does
+# writing their files (lmforge/checkpoint_write.py: save_pretrained uses it); callers keep reading its names from
+# here too.
+from lmforge import checkpoints
+from lmforge.checkpoint_write import Tokenizer, write_failure, write_manifest, write_side_files, write_weights
 from lmforge.checkpoints import (  # noqa: F401
     BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     MANIFEST_FILE,
-    SHARDS_DIR,
-    SHARDS_METADATA,
+    TRAIN_STATE_FILE,
     WEIGHTS_FILE,
     _checkpoints_in,
     _step_of,
+    is_sharded,
     latest_checkpoint,
     list_checkpoints,
     model_checkpoint,
     read_config,
+    read_weights,
     verify_checkpoint,
 )
+from lmforge.dcp_read import SHARDS_DIR, SHARDS_METADATA  # noqa: F401
 from lmforge.errors import LMForgeError
 from lmforge.files import (
     HashingWriter,
     fsync_dir,
     hash_file,
     load_torch_file,
-    os_error_of,
     os_reason,
     pid_alive,
-    sort_safetensors_metadata,
     write_atomic,
-    write_reason,
 )
 from lmforge.models.wrappers import unwrap_model
-from lmforge.train.dcp_read import read_full_weights
-from lmforge.train.parallel import local, shard_like
+from lmforge.train.parallel import shard_like
 from lmforge.train.rundir import check_lock
 
-TRAIN_STATE_FILE = "train_state.pt"
-_RESERVED = {WEIGHTS_FILE, CONFIG_FILE, TRAIN_STATE_FILE, MANIFEST_FILE, SHARDS_DIR}
-_TIED_META = "lmforge.tied"  # safetensors metadata: JSON {alias name: stored name}
 _SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)(?:-([0-9a-f]+))?")
 # Scratch dirs carry the writer's pid and this nonce: a container's trainer is PID 1 in every run, so the pid
 # alone cannot tell this process's scratch dirs from those a killed predecessor with the same pid left.
 _NONCE = os.urandom(4).hex()
 # Leaf types torch.load(weights_only=True) accepts (plus torch.dtype / torch.device instances).
 _PLAIN_LEAVES = (torch.Tensor, nn.Parameter, int, float, bool, complex, str, bytes, type(None))
-
-
-class Tokenizer(Protocol):
-    def save(self, directory: Path) -> Any: ...
-
-
-def is_sharded(path: Path) -> bool:
-    """Whether checkpoint dir `path` holds sharded (DCP) weights (written and read by train/dcp.py)."""
-    return (Path(path) / SHARDS_METADATA).is_file()
-
-
-def _normalize_keys(keys: list[str]) -> dict[str, str]:
-    """Map each state-dict key to its wrapper-free name.
-
-    ``_orig_mod`` segments (compiled submodules) are dropped anywhere; ``module.`` only when every key starts
-    with it, since a model may legitimately have a child called ``module``.
-    """
-    names = {k: ".".join(p for p in k.split(".") if p != "_orig_mod") for k in keys}
-    while names and all(n.startswith("module.") for n in names.values()):
-        names = {k: n[len("module.") :] for k, n in names.items()}
-    if len(set(names.values())) != len(names):
-        raise ValueError("state dict keys collide once wrapper prefixes are removed")
-    return names
-
-
-def _view_key(t: torch.Tensor) -> tuple:
-    """Identifies one exact view of one storage: equal keys mean the same (tied) tensor."""
-    t = local(t)  # a DTensor shard: its local tensor
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-
-
-def _tensors_to_save(model: nn.Module | Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Wrapper-free CPU tensors to write (of a module or a state dict), each shared tensor once, plus {alias: stored
-    name}."""
-    state = model if isinstance(model, Mapping) else unwrap_model(model).state_dict()
-    names = _normalize_keys(list(state))
-    tensors: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    seen_views: dict[tuple, str] = {}
-    seen_storages: set[tuple] = set()
-    for key, t in state.items():
-        name = names[key]
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"state dict entry '{name}' is not a tensor; safetensors cannot store it")
-        view = _view_key(t)
-        if view in seen_views:
-            aliases[name] = seen_views[view]
-            continue
-        seen_views[view] = name
-        storage = (t.device, t.untyped_storage().data_ptr())
-        # safetensors refuses overlapping tensors; a view that only partly shares memory is copied.
-        if storage in seen_storages or not t.is_contiguous():
-            t = t.contiguous().clone()
-        seen_storages.add(storage)
-        tensors[name] = t.detach().cpu()
-    return tensors, aliases
 
 
 def save_checkpoint(
@@ -216,13 +155,9 @@ def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
         _publish(tmp, final)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        # A full disk reaches here as an OSError, or inside another library's error (torch.save's RuntimeError,
-        # the tokenizers' and safetensors' "(os error 28)"): each gets the same line.
-        cause = os_error_of(e) if isinstance(e, Exception) else None
-        if cause is not None:
-            raise LMForgeError(f"could not {what}: {write_reason(cause)}") from e
-        if isinstance(e, SafetensorError):
-            raise LMForgeError(f"could not {what}: {e}") from e
+        failure = write_failure(what, e)
+        if failure is not None:
+            raise failure from e
         raise
 
 
@@ -252,10 +187,7 @@ def _write_contents(
     write_side_files(tmp, config, tokenizer)
     if on_partial is not None:
         on_partial()
-    tensors, aliases = _tensors_to_save(model)
-    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", _TIED_META: json.dumps(aliases)})
-    sort_safetensors_metadata(tmp / WEIGHTS_FILE)  # the same weights, the same bytes, in every process
-    del tensors
+    write_weights(tmp, model if isinstance(model, Mapping) else unwrap_model(model).state_dict())
     known: dict[str, dict] = {}
     if train_state is not None:
         # The weights are hashed (and fsynced) in a second thread while the training state is written: hashing and
@@ -267,16 +199,6 @@ def _write_contents(
             size, digest = weights.result()
         known[WEIGHTS_FILE] = {"size": size, "sha256": digest}
     write_manifest(tmp, step, known)
-
-
-def write_side_files(tmp: Path, config: dict, tokenizer: Tokenizer | None) -> None:
-    """The tokenizer files and config.yaml of a checkpoint being written in `tmp`."""
-    if tokenizer is not None:
-        tokenizer.save(tmp)
-        clash = sorted(_RESERVED & {p.name for p in tmp.iterdir()})
-        if clash:
-            raise ValueError(f"tokenizer.save wrote {clash[0]}, a name the checkpoint itself uses")
-    _write_yaml(tmp / CONFIG_FILE, config)
 
 
 def write_train_state(tmp: Path, train_state: dict) -> tuple[int, str]:
@@ -311,25 +233,6 @@ def _without_zip_crc():
         config.save.compute_crc32 = before
 
 
-def write_manifest(tmp: Path, step: int, known: dict[str, dict] | None = None) -> None:
-    """Hash every file under `tmp` (except those in `known`: relative path → {size, sha256}, hashed already),
-    fsync them, then write manifest.json and fsync the directories: the checkpoint is complete."""
-    files = dict(known or {})
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        rel = path.relative_to(tmp).as_posix()
-        if rel not in files:
-            size, digest = hash_file(path, fsync=True)
-            files[rel] = {"size": size, "sha256": digest}
-    manifest = json.dumps({"format": 1, "step": step, "files": dict(sorted(files.items()))}, indent=1)
-    with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
-        f.write(manifest)
-        f.flush()
-        os.fsync(f.fileno())
-    for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
-        fsync_dir(d)
-    fsync_dir(tmp)
-
-
 def _publish(tmp: Path, final: Path) -> None:
     """Rename the finished scratch dir into place; a same-step checkpoint is replaced. A run whose run-dir lock is
     no longer its own (a second process got in) stops here instead (`RunLock.check`)."""
@@ -347,6 +250,15 @@ def _publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def load_weights(ckpt: Path, model: nn.Module, strict: bool = True) -> tuple[list[str], list[str]]:
+    """Copy checkpoint weights into ``model`` (possibly compiled, DDP-wrapped or sharded: each rank keeps its
+    shard of the full tensors), keeping its tied weights.
+
+    Returns the (missing, unexpected) key names, which can be non-empty only when ``strict`` is False.
+    """
+    return checkpoints.load_weights(ckpt, unwrap_model(model), strict, shard=shard_like)
 
 
 def _prune(root: Path, step: int, keep_last: int, protect: tuple[int, ...] = ()) -> None:
@@ -395,82 +307,6 @@ def _check_plain_data(obj: Any, where: str) -> None:
         )
 
 
-def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """All weights of a checkpoint by name; tied names map to the same tensor. A sharded checkpoint's weights are
-    consolidated here, in this process."""
-    path = Path(ckpt) / WEIGHTS_FILE
-    if not path.is_file() and is_sharded(ckpt):
-        return {k: v.to(device) for k, v in read_full_weights(Path(ckpt)).items()}
-    if not path.is_file():
-        raise LMForgeError(f"no {WEIGHTS_FILE} in {ckpt}")
-    try:
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        aliases = json.loads(meta.get(_TIED_META, "{}"))
-        for alias, source in aliases.items():
-            tensors[alias] = tensors[source]
-    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, AttributeError) as e:
-        # RuntimeError: safetensors maps the file through torch, which reports a missing or unreadable file so
-        raise LMForgeError(f"could not read {path}: {e}") from e
-    return tensors
-
-
-def load_weights(ckpt: Path, model: nn.Module, strict: bool = True) -> tuple[list[str], list[str]]:
-    """Copy checkpoint weights into ``model`` (possibly compiled, DDP-wrapped or sharded: each rank keeps its
-    shard of the full tensors), keeping its tied weights.
-
-    Returns the (missing, unexpected) key names, which can be non-empty only when ``strict`` is False.
-    """
-    target = unwrap_model(model)
-    own = {k: v for k, v in target.state_dict().items() if isinstance(v, torch.Tensor)}
-    names = _normalize_keys(list(own))
-    own_by_name = {names[k]: v for k, v in own.items()}
-    saved_raw = read_weights(ckpt)
-    saved = {n: saved_raw[k] for k, n in _normalize_keys(list(saved_raw)).items()}
-    missing, unexpected = _check_match(own_by_name, saved, strict)
-    _check_ties(own_by_name, saved)
-    actual_key = {n: k for k, n in names.items()}
-    saved = shard_like(own_by_name, {n: t for n, t in saved.items() if n in own_by_name})
-    target.load_state_dict({actual_key[n]: t for n, t in saved.items()}, strict=False)
-    return missing, unexpected
-
-
-def _check_match(
-    own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], strict: bool
-) -> tuple[list[str], list[str]]:
-    """Raise on the first shape mismatch (or, when strict, missing/unexpected key) in model order."""
-    prefix = "checkpoint does not match the model"
-    missing = []
-    for name, t in own.items():
-        if name not in saved:
-            if strict:
-                raise LMForgeError(f"{prefix}: key '{name}' is missing from the checkpoint")
-            missing.append(name)
-        elif saved[name].shape != t.shape:
-            got, want = tuple(saved[name].shape), tuple(t.shape)
-            raise LMForgeError(f"{prefix}: key '{name}' has shape {got}, the model expects {want}")
-    unexpected = [n for n in saved if n not in own]
-    if strict and unexpected:
-        raise LMForgeError(f"{prefix}: unexpected key '{unexpected[0]}' (not in the model)")
-    return missing, unexpected
-
-
-def _check_ties(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> None:
-    """A tensor the model ties under two names must get one value, or loading would silently pick one."""
-    first_name: dict[tuple, str] = {}
-    for name, t in own.items():
-        view = _view_key(t)
-        other = first_name.setdefault(view, name)
-        if other == name or name not in saved or other not in saved:
-            continue
-        if saved[name] is not saved[other] and not torch.equal(saved[name], saved[other]):
-            raise LMForgeError(
-                f"checkpoint does not match the model: '{other}' and '{name}' are tied in the model "
-                "but differ in the checkpoint"
-            )
-
-
 def load_train_state(ckpt: Path) -> dict:
     """The training state saved with a checkpoint; files holding anything but plain data are refused."""
     path = Path(ckpt) / TRAIN_STATE_FILE
@@ -480,13 +316,3 @@ def load_train_state(ckpt: Path) -> dict:
     if not isinstance(state, dict):
         raise LMForgeError(f"{path} does not hold a dict")
     return state
-
-
-def _write_yaml(path: Path, config: dict) -> None:
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict, got {type(config).__name__}")
-    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())

@@ -2,7 +2,7 @@
 train/checkpoint.py's docstring.
 
 Every rank writes the shards it holds; a checkpoint written by N processes loads into M (DCP reshards on load) and
-into one process without any process group (train/dcp_read.py, for `lmforge.load` and `lmforge convert`). The
+into one process without any process group (dcp_read.py, for `lmforge.load` and `lmforge convert`). The
 crash-safety rules of the single-file checkpoints hold: a scratch dir renamed into place once the manifest (sizes
 and sha256 of every file) is written last, stale scratch dirs removed, the newest checkpoint that verifies chosen.
 With `async_save`, the state is copied to CPU memory before `save` returns and written by a background thread;
@@ -23,11 +23,13 @@ import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from lmforge.checkpoint_write import write_manifest, write_side_files
+from lmforge.checkpoints import normalize_keys
+from lmforge.dcp_read import dcp_reason as _reason
+from lmforge.dcp_read import read_metadata
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file, os_reason
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.dcp_read import dcp_reason as _reason
-from lmforge.train.dcp_read import read_metadata
 from lmforge.train.distributed import DistInfo
 
 OPTIM_REST = "optim_rest"
@@ -50,7 +52,7 @@ def _state(model: nn.Module, optimizer: Any, weights: nn.Module) -> tuple[dict[s
     msd, osd = get_state_dict(model, _optimizers(optimizer))
     if weights is not model:
         own = weights.state_dict()
-        names = ckpt._normalize_keys(list(own))
+        names = normalize_keys(list(own))
         msd = {names[k]: v for k, v in own.items()}
     tensors = {}
     for name, t in msd.items():
@@ -135,7 +137,7 @@ class ShardedCheckpoints:
                 tmp = root / f".tmp-step_{step}-{os.getpid()}-{ckpt._NONCE}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
-                ckpt.write_side_files(tmp, config, tokenizer)
+                write_side_files(tmp, config, tokenizer)
                 ckpt.write_train_state(tmp, train_state)
                 (tmp / ckpt.SHARDS_DIR).mkdir()
             except (OSError, ValueError, TypeError) as e:
@@ -169,7 +171,7 @@ class ShardedCheckpoints:
                 if on_partial is not None:
                     on_partial()
                 known = {k: v for files in every for k, v in files.items()}
-                ckpt.write_manifest(tmp, step, known)
+                write_manifest(tmp, step, known)
                 ckpt._publish(tmp, final)
                 published = True
                 ckpt._prune(final.parent, step, keep_last, protect)
@@ -249,6 +251,6 @@ def load_sharded(path: Path, model: nn.Module, optimizer: Any, weights: nn.Modul
         set_state_dict(model, _optimizers(optimizer), model_state_dict=msd, optim_state_dict=osd)
     else:
         own = weights.state_dict()
-        names = ckpt._normalize_keys(list(own))
+        names = normalize_keys(list(own))
         weights.load_state_dict({k: msd[names[k]] for k in own}, strict=False)
         set_optimizer_state_dict(model, _optimizers(optimizer), osd)

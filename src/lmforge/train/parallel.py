@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from lmforge.checkpoints import local
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import Block
@@ -183,11 +184,6 @@ def is_dtensor(t: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
-
-
-def local(t: Tensor) -> Tensor:
-    """This rank's part of a DTensor; a plain tensor itself."""
-    return t.to_local() if is_dtensor(t) else t
 
 
 def no_sync(model: nn.Module, last: bool) -> AbstractContextManager:

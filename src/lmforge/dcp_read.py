@@ -18,9 +18,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmforge.checkpoints import SHARDS_DIR, SHARDS_METADATA
 from lmforge.errors import LMForgeError
 from lmforge.files import os_reason
+
+SHARDS_DIR = "dcp"
+"""The torch.distributed.checkpoint directory of a sharded checkpoint (train/dcp.py)."""
+SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
 
 
 def dcp_reason(e: BaseException) -> str:

@@ -1,0 +1,55 @@
+"""Reading a pretrained model back from a run dir, a checkpoint dir (config.yaml + weights) or a Hugging Face model
+dir, with what models/ and the ground floor know: `Transformer.from_pretrained` is this, and `lmforge.load`
+(loading.py) is this plus the tokenizer and fine-tuned runs, whose task heads live floors above."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from lmforge.checkpoints import CONFIG_FILE, export_module, load_weights, model_checkpoint, read_config
+from lmforge.errors import LMForgeError
+from lmforge.models.hf import import_hf, is_hf_dir
+from lmforge.models.presets import model_config_from_dict
+
+if TYPE_CHECKING:  # model.py's Transformer reads itself back through this module; it only names the type
+    from lmforge.models.model import Transformer
+
+
+def is_hf_only(path: Path) -> bool:
+    """A Hugging Face model dir that is not also an lmforge checkpoint."""
+    return is_hf_dir(path) and not (path / CONFIG_FILE).exists()
+
+
+def find_pretrained(path: Path) -> tuple[Path, dict | None]:
+    """(the directory a model is read from, its config): a Hugging Face model dir and None, else the checkpoint
+    of a run or checkpoint dir (`model_checkpoint`: RUN/best when the run selects one) and its config.yaml."""
+    if is_hf_only(path):
+        return path, None
+    c = model_checkpoint(path)
+    return c, read_config(c)
+
+
+def read_pretrained(c: Path, cfg: dict | None, model_class: type[Transformer]) -> Transformer:
+    """The model `find_pretrained` found in `c` (a pretrained run's: a fine-tuned run's config describes its
+    backbone and task instead), a `model_class` built from the config's model section, or the Transformer
+    `import_hf` builds from a Hugging Face dir (cfg None). A run that trains several networks (ELECTRA's generator
+    and discriminator, PPO's policy and value function) gives the one its config's model section describes
+    (`export_module`); the other networks' weights stay in the checkpoint."""
+    if cfg is None:
+        return import_hf(c)
+    if "model" not in cfg:
+        raise LMForgeError(f"{c}/config.yaml has no model section")
+    model = model_class(model_config_from_dict(cfg["model"]))
+    prefix = export_module(cfg)
+    if not prefix:
+        load_weights(c, model)
+        return model
+    holder = nn.Module()
+    holder.add_module(prefix, model)
+    missing, _ = load_weights(c, holder, strict=False)
+    if missing:
+        raise LMForgeError(f"checkpoint does not match the model: key '{missing[0]}' is missing from the checkpoint")
+    return model
