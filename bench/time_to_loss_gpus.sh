@@ -9,7 +9,7 @@ set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 O=${OUT_DIR:-runs/ttl}; PY=${PYTHON:-python3}
 dirs=(); while (($#)) && [ "$1" != "--" ]; do dirs+=("$1"); shift; done; (($#)) && shift
-variants=(); for v in "$@"; do variants+=(--fast-args "$v"); done
+variants=(); for v in "$@"; do variants+=("--fast-args=$v"); done
 NG=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))')
 mkdir -p "$O"
 g=${GPU0:-0}  # the first GPU to use

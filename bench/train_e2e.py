@@ -52,7 +52,7 @@ ABLATION = {  # arm → (what it changes, its overrides)
     "learned-pos": ("learned positions instead of rotary", ["--model.position=learned"]),
     "no-qk-norm": ("no QK-norm", ["--model.qk_norm=false"]),
     "gelu": ("GELU instead of ReLU²", ["--model.activation=gelu_tanh"]),
-    "tied-head": ("tied head", ["--model.tie_embeddings=true"]),
+    "untied-head": ("untied head", ["--model.tie_embeddings=false"]),
     "no-softcap": ("no logit soft-cap", ["--model.logit_softcap=null"]),
     "cosine": ("cosine instead of WSD", ["--train.schedule=cosine"]),
 }
@@ -235,7 +235,8 @@ def ablation(a, work: Path) -> list[dict]:
         what, args = ABLATION[name]
         run = work / f"ablation-{len(rows)}"
         over = [f"--data.prepared={a.data}", f"--data.tokenizer={a.tokenizer}", f"--run.dir={run}",
-                f"--train.max_steps={a.ablation_steps}", f"--train.eval_every={a.ablation_steps}",
+                "--train.time_budget=null", f"--train.max_steps={a.ablation_steps}",
+                f"--train.eval_every={a.ablation_steps}",
                 f"--train.save_every={a.ablation_steps}", "--sample.prompts=[]", *a.ablation_args, *args]  # fmt: skip
         wall = _cli(["pretrain", "gpt-fast", *over], work / f"ablation-{len(rows)}.log")
         metrics = _rows(run)
