@@ -24,7 +24,6 @@ from torch import nn
 from lmforge.config.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.compiler_warmup import start_compiler_warmup
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
 from lmforge.train.loop import Loop, LoopSpec
 from lmforge.train.metrics import MetricsLogger
@@ -51,7 +50,6 @@ class RunSession:
             init_distributed("cuda" if torch.cuda.is_available() else "cpu") if distributed else DistInfo()
         )
         self.device = pick_device(train.device, self.dist, f"{section}.device")
-        self.warmup = start_compiler_warmup(self.device, train.compile)  # while the kind reads and builds
         self.lock = lock_run_dir(self.dir, self.dist)
         self.resume_from: Path | None = None
         self.log: MetricsLogger | None = None
@@ -77,8 +75,6 @@ class RunSession:
         (`save_config`: the kind's own writer, or False for none)."""
         d = self.dist
         cfg = loop_cfg or self.train
-        if self.warmup is not None:
-            self.warmup.join()
         loop = Loop(model, loss_fn, batches, cfg, self.dir, spec, dist=d, device=self.device, log=None,
                     callbacks=callbacks)  # fmt: skip
         if self.resume_from is not None:
