@@ -180,6 +180,15 @@ def test_bad_runs_fail_before_anything_runs(tmp_path, change, message):
         plan_experiment(load_experiment(write(tmp_path, {**TINY, **change})), make_data=False)
 
 
+def test_a_budget_runs_a_time_budgeted_recipe_for_its_steps(tmp_path):
+    data = {"budget": {"steps": 40}, "pretrain": {"recipe": "gpt-fast", "overrides": {"model.preset": "gpt-fast-tiny"}}}
+    (arm,) = [a for a in plan_experiment(load_experiment(write(tmp_path, data)), False).arms if a.kind == "pretrain"]
+    assert arm.max_steps == 40 and arm.overrides["train.time_budget"] is None
+    data["pretrain"]["overrides"]["train.time_budget"] = 60
+    with pytest.raises(LMForgeError, match=r"the budget \(equal steps, 40 steps an arm\) fixes its steps"):
+        plan_experiment(load_experiment(write(tmp_path, data)), False)
+
+
 def test_command_line_overrides_reach_their_stage(tmp_path):
     task = {"name": "s", "recipe": "sst2-gpt", "overrides": {"train.epochs": 5, "data.max_train": 100}}
     data = {

@@ -95,6 +95,11 @@ def _pretraining(exp: Experiment, make_data: bool) -> tuple[dict[str, dict[int, 
                 src = paired(pre[spec.init], seed, spec.init, what)
                 o["run.init"], after = str(src.run_dir), [src.name]
             cfg = _resolve(recipe, o, what)
+            if budget is not None and cfg.train.time_budget is not None:  # a recipe that ends on the clock
+                if "train.time_budget" in o:
+                    raise LMForgeError(f"{what}: train.time_budget ends a run on the clock, and the budget "
+                                       f"({budget.describe()}) fixes its steps: set one of them")  # fmt: skip
+                o["train.time_budget"] = cfg.train.time_budget = None  # equal compute: the same steps on any host
             if spec.init is not None:  # the run continues its init's model (apply_init replaces model.*)
                 cfg.model = copy.deepcopy(cfgs[spec.init].model)
             run = f"{spec.name}-s{seed}"
