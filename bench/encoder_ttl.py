@@ -103,7 +103,8 @@ class Scorer:
         model, _ = load(run, device=self.device)
         loss = evaluate(model, self.objective.loss, self.val, self.autocast)
         del model
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         return loss
 
 
