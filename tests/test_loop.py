@@ -16,7 +16,8 @@ from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import lm_head_loss
 from lmforge.tokenizers import Tokenizer
 from lmforge.train.distributed import DistInfo
-from lmforge.train.loop import Loop, LoopSpec, Saved
+from lmforge.train.loop import Loop
+from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, read_metrics
 from lmforge.train.prefetch import Batch, Prefetcher
 from lmforge.train.pretrain import ObjectiveBatches

@@ -26,7 +26,7 @@ from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
 from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
-from lmforge.train.loop import LoopSpec, Saved
+from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.prefetch import BatchSource
 from lmforge.train.session import RunSession
 from lmforge.train.setup import autocast_for

@@ -16,7 +16,7 @@ from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.finetune import FeatureBatches
-from lmforge.train.loop import LoopSpec, Saved
+from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.session import RunSession
 
 

@@ -31,7 +31,7 @@ from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.model import set_dropout
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, barrier, rank_seed
-from lmforge.train.loop import LoopSpec, Saved, Selection
+from lmforge.train.loop_spec import LoopSpec, Saved, Selection
 from lmforge.train.prefetch import Batch
 from lmforge.train.session import RunSession
 

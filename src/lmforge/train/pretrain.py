@@ -17,7 +17,7 @@ from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, rank_seed, sums_across
-from lmforge.train.loop import LoopSpec, Saved
+from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import peak_flops
 from lmforge.train.prefetch import Batch
 from lmforge.train.pretrain_config import Config, to_dict

@@ -25,7 +25,8 @@ from lmforge.config.sections import LoopConfig
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
-from lmforge.train.loop import Loop, LoopSpec
+from lmforge.train.loop import Loop
+from lmforge.train.loop_spec import LoopSpec
 from lmforge.train.metrics import MetricsLogger
 from lmforge.train.prefetch import BatchSource
 from lmforge.train.resume import FROZEN_ON_RESUME, resume_checkpoint
