@@ -4,30 +4,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from bench_testing import ROOT, prepared_corpus
 
-from lmforge.data import load_default_corpus
-
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def lmforge(*args: str, cwd: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], cwd=cwd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-
-
 def test_ablation_runs_each_named_arm_and_writes_its_rows(tmp_path):
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in load_default_corpus()[:8]), encoding="utf-8")
-    lmforge("tokenizer", "train", str(corpus), "--out", "tok", "--kind", "bpe", "--vocab-size", "400", cwd=tmp_path)
-    lmforge("data", "prepare", str(corpus), "--out", "data", "--tokenizer", "tok", "--val-fraction", "0.2",
-            "--quiet", cwd=tmp_path)  # fmt: skip
+    data, tok = prepared_corpus(tmp_path, 8, 0.2, "--vocab-size", "400")
     tiny = "--model.preset=gpt-fast-tiny --train.batch_size=2 --train.seq_len=32 --train.log_every=1"
     res = subprocess.run(
-        [sys.executable, "bench/train_e2e.py", "--data", str(tmp_path / "data"), "--tokenizer", str(tmp_path / "tok"),
+        [sys.executable, "bench/train_e2e.py", "--data", str(data), "--tokenizer", str(tok),
          "--models", "--ablation", "--arms", "gpt-fast", "gelu", "--ablation-steps", "4", f"--ablation-args={tiny}",
          "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out.json")],
         cwd=ROOT, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT / "src")},
