@@ -79,6 +79,23 @@ def test_a_fetched_corpus_by_name(tmp_path: Path, monkeypatch) -> None:
     assert str(e.value) == f"fetched:brown: not fetched yet (run: lmforge data fetch brown; looked in {where})"
 
 
+def test_one_file_of_a_fetched_set(tmp_path: Path, monkeypatch) -> None:
+    """`fetched:NAME/FILE` reads one split of a labelled set (its training texts, for task-adaptive pretraining)."""
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path / "cache"))
+    labelled = tmp_path / "cache" / "data" / "hedge"
+    labelled.mkdir(parents=True)
+    (labelled / "train.jsonl").write_bytes(_jsonl(["seen in training"]))
+    (labelled / "test.jsonl").write_bytes(_jsonl(["held out"]))
+    assert list(read_documents(["fetched:hedge/train.jsonl"])) == ["seen in training"]
+    with pytest.raises(LMForgeError) as e:
+        list(read_documents(["fetched:hedge/dev.jsonl"]))
+    assert str(e.value) == f"fetched:hedge/dev.jsonl: no such file in the fetched hedge ({labelled / 'dev.jsonl'})"
+    with pytest.raises(
+        LMForgeError, match=r"^fetched:spam/train.jsonl: not fetched yet \(run: lmforge data fetch spam;"
+    ):
+        list(read_documents(["fetched:spam/train.jsonl"]))
+
+
 def test_non_utf8_bytes_are_replaced_and_counted(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_bytes(b"caf\xe9 and na\xefve \xff\xfe ok")
     (tmp_path / "b.jsonl").write_bytes(b'{"text": "bad \x80 byte"}\n')

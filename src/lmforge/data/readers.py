@@ -103,15 +103,19 @@ FETCHED = "fetched:"
 
 
 def input_path(p: Path | str) -> Path:
-    """An input as a path: `fetched:NAME` → the cache's `data/NAME` dir (which must exist), `~` expanded; a bare NAME
-    that is no file or directory here but a fetched corpus's name → that corpus."""
+    """An input as a path: `fetched:NAME` → the cache's `data/NAME` dir (which must exist) and `fetched:NAME/FILE` a
+    file in it (a labelled set's `train.jsonl`, say), `~` expanded; a bare NAME that is no file or directory here but
+    a fetched corpus's name → that corpus."""
     from lmforge.files import cache_root
 
     if str(p).startswith(FETCHED):
         name = str(p)[len(FETCHED) :]
         path = cache_root() / "data" / name
-        if not name or not path.is_dir():
-            raise LMForgeError(f"{p}: not fetched yet (run: lmforge data fetch {name or 'NAME'}; looked in {path})")
+        corpus = name.split("/", 1)[0]
+        if not corpus or not (cache_root() / "data" / corpus).is_dir():
+            raise LMForgeError(f"{p}: not fetched yet (run: lmforge data fetch {corpus or 'NAME'}; looked in {path})")
+        if not path.exists():
+            raise LMForgeError(f"{p}: no such file in the fetched {corpus} ({path})")
         return path
     path = Path(p).expanduser()
     name = str(p)
