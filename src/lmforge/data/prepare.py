@@ -7,8 +7,8 @@ A prepared directory holds, for each split ``s`` in (train, val):
 - ``s.idx``: int64 start offset of each document in ``s.bin`` (``.npy`` format, ``np.load``);
 
 and ``meta.json``: dtype, vocab_size, eos_id, per-split ``n_tokens`` (EOS included), ``n_docs`` and
-``n_bytes`` (UTF-8 bytes of the documents' text, for bits-per-byte), cleaning counts, replaced-byte
-count, tokenizer fingerprint and sources.
+``n_bytes`` (UTF-8 bytes of the documents' text, for bits-per-byte), cleaning counts, decontamination counts,
+replaced-byte count, tokenizer fingerprint and sources.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 
 from lmforge.data.clean import RULES, CleanConfig, Cleaner, clean_lines
 from lmforge.data.corpus import default_corpus_paths
+from lmforge.data.decontaminate import Decontaminator
 from lmforge.data.readers import describe_input, read_documents
 from lmforge.errors import LMForgeError
 from lmforge.files import pid_alive, write_error
@@ -132,43 +133,61 @@ def split_documents(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
     return is_val
 
 
-class _Survey:
-    """What the first pass over the input finds: documents (after cleaning), their characters, which input documents
-    cleaning kept (one byte each), the cleaning counts and the replaced-byte count."""
+# What the first pass remembers of each input document (one byte each), when cleaning or decontamination is on.
+_DROPPED, _KEPT, _TRIMMED = 0, 1, 2  # _TRIMMED: decontamination dropped some of its paragraphs
 
-    def __init__(self, inputs: Sequence, text_field: str, cleaner: Cleaner | None) -> None:
+
+class _Survey:
+    """What the first pass over the input finds: documents (after decontamination and cleaning), their characters,
+    which input documents stay and which decontamination trimmed (one byte each), the cleaning and decontamination
+    counts and the replaced-byte count."""
+
+    def __init__(self, inputs: Sequence, text_field: str, cleaner: Cleaner | None,
+                 decon: Decontaminator | None = None) -> None:  # fmt: skip
         from lmforge.progress import progress
 
         stream = read_documents(inputs, text_field)
         self.n_docs = self.n_chars = 0
-        self.kept: bytearray | None = None if cleaner is None else bytearray()
+        self.kept: bytearray | None = None if cleaner is None and decon is None else bytearray()
         bar = progress(desc="reading", unit="char", unit_scale=True)
         for doc in stream:
             bar.update(len(doc))
-            if cleaner is not None:
-                text = cleaner.clean(doc)
-                self.kept.append(text is not None)  # type: ignore[union-attr]
-                if text is None:
+            if self.kept is not None:
+                state = _KEPT
+                if decon is not None:  # before cleaning, which drops the blank lines between paragraphs
+                    text = decon.filter(doc)
+                    state = _DROPPED if text is None else _KEPT if text == doc else _TRIMMED
+                    doc = text  # type: ignore[assignment]
+                if doc is not None and cleaner is not None:
+                    doc = cleaner.clean(doc)  # type: ignore[assignment]
+                    state = _DROPPED if doc is None else state
+                self.kept.append(state)
+                if doc is None:
                     continue
-                doc = text
             self.n_docs += 1
             self.n_chars += len(doc)
         bar.close()
         self.counts = None if cleaner is None else cleaner.counts
+        self.decontamination = None if decon is None else decon.summary()
         self.replaced_bytes = stream.replaced_bytes
 
 
-def _chunks(inputs: Sequence, text_field: str, kept: bytearray | None, cfg: CleanConfig | None) -> Iterator[list[str]]:
-    """The second pass: the documents again, cleaned as the first pass cleaned them (the line rules are a function of
-    the document; the first pass decided which documents stay), in lists of about `_CHUNK_CHARS` characters."""
+def _chunks(inputs: Sequence, text_field: str, kept: bytearray | None, cfg: CleanConfig | None, clean: bool = True,
+            decon: Decontaminator | None = None) -> Iterator[list[str]]:  # fmt: skip
+    """The second pass: the documents again, decontaminated and cleaned as the first pass did (the paragraph filter
+    and the line rules are functions of the document; the first pass decided which documents stay), in lists of
+    about `_CHUNK_CHARS` characters."""
     chunk: list[str] = []
     size = 0
     scratch = dict.fromkeys(RULES, 0)  # the first pass counted already
     for i, doc in enumerate(read_documents(inputs, text_field)):
         if kept is not None:
-            if not kept[i]:
+            if kept[i] == _DROPPED:
                 continue
-            doc = clean_lines(doc, cfg or CleanConfig(), scratch)
+            if kept[i] == _TRIMMED:
+                doc = decon.apply(doc)[0]  # type: ignore[union-attr,assignment]
+            if clean:
+                doc = clean_lines(doc, cfg or CleanConfig(), scratch)
         chunk.append(doc)
         size += len(doc)
         if size >= _CHUNK_CHARS:
@@ -285,9 +304,13 @@ def prepare(
     text_field: str = "text",
     tokenizer_source: str | None = None,
     clean_config: CleanConfig | None = None,
+    decontaminate: Sequence[str] = (),
+    decontaminate_n: int = 8,
 ) -> dict:
-    """Read, optionally clean, split by document and tokenize ``inputs`` (None: bundled corpus) into ``out``.
-    ``tokenizer_source`` (a path or a published name) is recorded in meta.json for runs that read ``out``.
+    """Read, optionally decontaminate and clean, split by document and tokenize ``inputs`` (None: bundled corpus)
+    into ``out``. ``tokenizer_source`` (a path or a published name) is recorded in meta.json for runs that read
+    ``out``. ``decontaminate`` names labelled sets (bundled, fetched, or labelled-set dirs): every paragraph sharing a
+    word ``decontaminate_n``-gram with their dev or test splits is dropped first (see `lmforge.data.decontaminate`).
 
     Writes to a temporary sibling directory renamed into place at the end, so ``out`` is never left
     half-prepared. Returns the contents of ``meta.json``.
@@ -297,12 +320,17 @@ def prepare(
     if tokenizer.eos_id is None:
         raise LMForgeError("the tokenizer has no EOS token; prepare needs one to separate documents")
     sources = default_corpus_paths() if inputs is None else list(inputs)
+    decon = Decontaminator(decontaminate, decontaminate_n) if decontaminate else None
     # Two passes over the input, so that memory does not grow with it: the first counts the documents (and decides
     # which ones cleaning keeps), for the seeded split; the second tokenizes them chunk by chunk.
-    survey = _Survey(sources, text_field, Cleaner(clean_config) if clean else None)
+    survey = _Survey(sources, text_field, Cleaner(clean_config) if clean else None, decon)
     counts = survey.counts
     if counts is not None and survey.n_docs < 2:
         raise LMForgeError(f"cleaning kept {survey.n_docs} of {counts['docs_in']} documents; need at least 2")
+    if decon is not None and survey.n_docs < 2:
+        raise LMForgeError(
+            f"decontamination kept {survey.n_docs} of {len(survey.kept or ())} documents; need at least 2"
+        )
     is_val = split_documents(survey.n_docs, val_fraction, seed)
     dtype = token_dtype(tokenizer.vocab_size)
     tmp = _scratch(out, "tmp")
@@ -312,7 +340,7 @@ def prepare(
         tmp.mkdir()
         writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
         try:
-            chunks = _chunks(sources, text_field, survey.kept, clean_config)
+            chunks = _chunks(sources, text_field, survey.kept, clean_config, clean, decon)
             _tokenize_into(chunks, survey.n_chars, is_val, tokenizer, writers)
         finally:
             stats = {s: w.close() for s, w in writers.items()}
@@ -326,6 +354,7 @@ def prepare(
             "val_fraction": val_fraction,
             "seed": seed,
             "cleaning": counts,
+            **({"decontamination": survey.decontamination} if decon is not None else {}),
             "replaced_bytes": survey.replaced_bytes,
             "tokenizer": tokenizer_source,
             "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer) if hasattr(tokenizer, "backend") else None,

@@ -25,7 +25,8 @@ def data_key(cfg, vocab_size: int | None = None) -> str:
     """A short directory name that differs whenever the data a Config trains on would: tokenizer kind, family
     and size, inputs, split and cleaning."""
     d = dataclasses.asdict(cfg.data)
-    for key, default in (("text_field", "text"), ("tokenizer_sample_chars", None)):  # keys of earlier experiments
+    earlier = (("text_field", "text"), ("tokenizer_sample_chars", None), ("decontaminate", []), ("decontaminate_n", 8))
+    for key, default in earlier:  # keys of earlier experiments
         if d.get(key) == default:
             d.pop(key)
     d["tokenizer_family"] = tokenizer_family(cfg)
@@ -71,7 +72,8 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
             raise LMForgeError(f"data.prepared: {data} is not a prepared data dir (no meta.json)")
         status(f"preparing the shared corpus in {data}")
         prepare(inputs, data, tok, val_fraction=d.val_fraction, clean=d.clean, seed=cfg.run.seed,
-                tokenizer_source=tok_spec, text_field=d.text_field)  # fmt: skip
+                tokenizer_source=tok_spec, text_field=d.text_field, decontaminate=d.decontaminate,
+                decontaminate_n=d.decontaminate_n)  # fmt: skip
     meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
     return {
         "data.tokenizer": tok_spec, "data.prepared": str(data), "model.vocab_size": tok.vocab_size,

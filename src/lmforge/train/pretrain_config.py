@@ -63,6 +63,11 @@ class DataConfig:
     """Fraction of the documents held out for validation."""
     clean: bool = False
     """Apply the C4 cleaning rules before tokenizing."""
+    decontaminate: list[str] = field(default_factory=list)
+    """Labelled sets (bundled, fetched by `lmforge data fetch`, or labelled-set dirs) whose dev and test texts are kept
+    out of the inputs: every paragraph sharing a word n-gram (data.decontaminate_n words) with them is dropped."""
+    decontaminate_n: PosInt = 8
+    """Words per n-gram of data.decontaminate."""
 
 
 @dataclass

@@ -215,6 +215,9 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
                   "seed": cfg.run.seed, "tokenizer": tokenizer_fingerprint(tokenizer)}  # fmt: skip
         if cfg.data.text_field != "text":
             recipe["text_field"] = cfg.data.text_field
+        if cfg.data.decontaminate:
+            recipe["decontaminate"] = list(cfg.data.decontaminate)
+            recipe["decontaminate_n"] = cfg.data.decontaminate_n
         prepared_here = _stale(data_dir, recipe)
         if dist.is_main and prepared_here:
             inputs = _input_paths(cfg)
@@ -231,6 +234,8 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
                     clean=cfg.data.clean,
                     seed=cfg.run.seed,
                     text_field=cfg.data.text_field,
+                    decontaminate=cfg.data.decontaminate,
+                    decontaminate_n=cfg.data.decontaminate_n,
                 )
                 prepared_cache.store(key, data_dir)
             write_atomic(data_dir / _RECIPE_FILE, json.dumps(recipe) + "\n")
