@@ -33,8 +33,9 @@ def write(tmp_path: Path, data: dict, name: str = "exp.yaml") -> Path:
 
 @pytest.fixture
 def gpu_inputs(tmp_path, monkeypatch):
-    """The working dir the GPU studies expect: .cache/gpu/tok (a small BPE stands in for theirs)."""
-    tokenizer("bart").save(tmp_path / ".cache" / "gpu" / "tok")
+    """The working dir the GPU studies expect: .cache/gpu/tok and classify-tok (a small BPE stands in for theirs)."""
+    for name in ("tok", "classify-tok"):
+        tokenizer("bart").save(tmp_path / ".cache" / "gpu" / name)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
