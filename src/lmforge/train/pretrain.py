@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from lmforge.checkpoints import EXPORT_MODULES
 from lmforge.data.loader import take_rows
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
@@ -73,10 +74,8 @@ class Pretraining:
         self.init_from = apply_init(cfg)  # before the config is saved or compared: it sets model.* and the tokenizer
         self.resume_from = self.session.find_resume(to_dict(cfg), resume)
         check_inputs(cfg)
-        if d.is_main:
-            status(model_summary(cfg))
-            if note := warmup_note(cfg):
-                status(note)
+        if d.is_main and (note := warmup_note(cfg)):
+            status(note)
         self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, d)
         check_vocab(cfg, self.tokenizer)
         self.data_dir = prepare_data(cfg, self.run_dir, self.tokenizer, d)
@@ -86,6 +85,9 @@ class Pretraining:
         else:  # built and initialised where it trains (a 162M-parameter init takes 2 s on a CPU)
             with self.device:
                 self.raw_model = self.objective.build_model(cfg.model).to(self.device)
+        if d.is_main:  # counted on the network built, not on a second one (a meta-device init takes seconds)
+            net = self.raw_model.get_submodule(EXPORT_MODULES.get(cfg.objective.name, ""))  # ELECTRA: discriminator
+            status(model_summary(cfg, net.num_params()))
         if self.init_from is not None and self.resume_from is None:  # a resumed run's checkpoint is newer
             ckpt.load_weights(self.init_from, self.raw_model)
             if d.is_main:

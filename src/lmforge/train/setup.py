@@ -98,13 +98,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def model_summary(cfg: Config) -> str:
-    """What a run builds, in one line: preset, size and shape."""
-    from lmforge.models import Transformer
-
+def model_summary(cfg: Config, n: int) -> str:
+    """What a run built (`n` parameters), in one line: preset, size and shape."""
     m = cfg.model
-    with torch.device("meta"):  # counts without allocating
-        n = Transformer(m).num_params()
     stacks = f"{m.n_layers}+{m.decoder_layers} layers" if m.is_encoder_decoder else f"{m.n_layers} layers"
     return (
         f"model {m.name}: {n / 1e6:.2f}M parameters ({m.arch}, d_model {m.d_model}, {stacks}, {m.n_heads} heads, "
