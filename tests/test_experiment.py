@@ -329,6 +329,25 @@ def test_finished_finetune_and_eval_runs_are_read_back(tmp_path):
     assert arm_final(ev) is None
 
 
+def test_a_pretraining_arm_that_ended_on_its_clock_is_finished(tmp_path):
+    """A time-budgeted recipe ends before train.max_steps: its newest checkpoint sits at the budget's last planned
+    step. A run stopped early (its checkpoint short of the planned total) is not finished; it resumes."""
+    import torch
+
+    arm = Arm("p", tmp_path / "p", "gpt-fast", {}, 2000, {"arm": "p", "steps": 2000, "tokens": 2000 * 512})
+    ckpt = arm.run_dir / "checkpoints" / "step_230"
+    ckpt.mkdir(parents=True)
+    (arm.run_dir / "metrics.jsonl").write_text('{"step": 230, "loss": 3.0}\n{"step": 230, "val_loss": 2.9}\n')
+    torch.save({"step": 230, "budget": {"spent": 27.0, "frozen": True, "total": 240}}, ckpt / "train_state.pt")
+    assert arm_final(arm) is None and arm_command(arm)[-1] == "--resume"
+    torch.save({"step": 230, "budget": {"spent": 27.0, "frozen": True, "total": 230}}, ckpt / "train_state.pt")
+    assert arm_final(arm) == {"step": 230, "val_loss": 2.9}
+    from lmforge.experiments.results import pretrain_facts
+
+    facts = pretrain_facts([ArmResult(arm, "finished", arm_final(arm))])["p"]
+    assert facts["steps"] == 230 and facts["tokens"] == 230 * 512  # the table shows the steps it ran
+
+
 def _result(kind, name, info, final, after=()):
     return ArmResult(Arm(name, Path("/r") / name, "x", {}, 5, info, kind, after=list(after)), "finished", final)
 

@@ -132,11 +132,20 @@ def _short_init(init: str) -> str:
 
 
 def pretrain_facts(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
-    """Pretraining arm → its planned parameters, steps, tokens, FLOPs (and epochs) (the same for every seed)."""
+    """Pretraining arm → its planned parameters, steps, tokens, FLOPs (and epochs) (the same for every seed); an arm
+    that ended on `train.time_budget` before its planned steps: those of its first seed's run, as it ran."""
     out: dict[str, dict[str, Any]] = {}
     for r in results:
-        if r.arm.kind == "pretrain":
-            out.setdefault(r.arm.info["arm"], r.arm.info)
+        if r.arm.kind == "pretrain" and r.arm.info["arm"] not in out:
+            info, step = r.arm.info, (r.final or {}).get("step")
+            if isinstance(step, int) and 0 < step < info["steps"]:  # the clock ended it
+                scale = step / info["steps"]
+                info = {
+                    **info,
+                    **{k: info[k] * scale for k in ("tokens", "flops", "epochs") if k in info},
+                    "steps": step,
+                }
+            out[info["arm"]] = info
     return out
 
 

@@ -120,11 +120,30 @@ def arm_final(arm: Arm) -> dict | None:
     """The arm's results if it has finished (see `ArmResult.final`), else None."""
     d = Path(arm.run_dir)
     if arm.kind == "pretrain":
-        return final_record(d, int(arm.max_steps or 0))
+        return final_record(d, int(arm.max_steps or 0)) or _clock_end(d)
     if arm.kind == "finetune":
         dev = _read_json(d / "eval.json")
         return None if dev is None else {"dev": dev, "test": _read_json(d / "eval_test.json")}
     return _read_json(d / EVAL_RESULTS)
+
+
+def _clock_end(run_dir: Path) -> dict | None:
+    """The final record of a run that ended on `train.time_budget` before `train.max_steps`: its newest checkpoint
+    is at the step its budget planned last. None for any other run (one stopped early resumes)."""
+    from lmforge.checkpoints import list_checkpoints
+    from lmforge.train.checkpoint import load_train_state
+
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    try:
+        state = load_train_state(found[-1])
+    except LMForgeError:
+        return None
+    budget, step = state.get("budget"), state.get("step")
+    if not isinstance(budget, dict) or budget.get("total") != step:
+        return None
+    return final_record(run_dir, int(step))
 
 
 def _read_json(path: Path) -> dict | None:
