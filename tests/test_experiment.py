@@ -398,3 +398,21 @@ def test_pretraining_only_table(tmp_path):
     assert "| causal | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.5000 ± 0.1414 |" in table
     assert "| prefix | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.0000 |" in table  # the failed seed is left out ...
     assert "**Failed, so missing from the table:** pretrain/prefix-s1 (their arm.log" in table  # ... and named
+
+
+def test_pretraining_on_several_processes(tmp_path):
+    """--pretrain-procs N: each pretraining arm under torch.distributed.run with N processes and 1/N of the global
+    batch each; fine-tuning arms unchanged; what cannot be cut is a one-line error."""
+    from lmforge.experiments.runner import spread_pretraining
+
+    pre = Arm("pretrain/a-s0", tmp_path / "a", "gpt", {"train.lr": 0.001}, 10, {"batch_size": 8})
+    ft = Arm("finetune/t/a-s0", tmp_path / "f", "sst2-gpt", {}, None, {}, "finetune", init=str(tmp_path / "a"))
+    spread_pretraining([pre, ft], 2, ["0", "1", "2"])
+    cmd = arm_command(pre)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert cmd[5:8] == ["-m", "lmforge.cli", "pretrain"] and cmd[-1] == "--train.batch_size=4"
+    assert ft.procs == 1 and "torch.distributed.run" not in arm_command(ft)
+    with pytest.raises(LMForgeError, match=r"^pretrain/a-s0: train.batch_size 8 \(the global batch\) does not divide"):
+        spread_pretraining([pre], 3, None)
+    with pytest.raises(LMForgeError, match=r"^--pretrain-procs 4 needs as many --devices, got 3: 0,1,2$"):
+        spread_pretraining([pre], 4, ["0", "1", "2"])

@@ -1,6 +1,7 @@
-"""The classify pipeline end to end at CPU size (`lmforge experiment classify-tiny`): a tiny encoder pretrained, then
-fine-tuned on the four fetched labelled sets at both learning rates, beside their bag-of-words baselines. Stand-in
-sets (a few examples each, in the fetched-set layout) replace the registry downloads."""
+"""The classify pipeline end to end at CPU size (`lmforge experiment classify-tiny --pretrain-procs 2`): a tiny encoder
+pretrained on two processes, then fine-tuned on the four fetched labelled sets at both learning rates, beside their
+bag-of-words baselines. Stand-in sets (a few examples each, in the fetched-set layout) replace the registry
+downloads."""
 
 import json
 import subprocess
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from training_testing import write_docs
 
 SETS = {"rotten-tomatoes": ("negative", "positive"), "hedge": ("certain", "uncertain"),
@@ -39,13 +41,16 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
     out = tmp_path / "exp"
     env = {"LMFORGE_CACHE": str(cache), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "lmforge.cli", "experiment", "classify-tiny", "--out", str(out),
-           f"--data.inputs=[{docs}]", "--jobs", "2"]  # fmt: skip
+           f"--data.inputs=[{docs}]", "--jobs", "2", "--pretrain-procs", "2"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((out / "classify-tiny.json").read_text())
     assert [row["arm"] for row in data["rows"]] == ["pre-5e-05", "pre-0.0001", "majority class", "tf-idf + LR"]
     runs = {x["name"]: x["state"] for x in data["runs"]}
     assert len(runs) == 9 and set(runs.values()) == {"finished"}
+    # Pretrained on two processes (torch.distributed.run), each with half of the global batch of 8.
+    pre = out / "pretrain" / "pre-s0"
+    assert yaml.safe_load((pre / "config.yaml").read_text())["train"]["batch_size"] == 4
     for name in SETS:
         for row in data["rows"][:2]:  # the table's numbers are the runs' own
             test = json.loads((out / "finetune" / name / f"{row['arm']}-s0" / "eval_test.json").read_text())

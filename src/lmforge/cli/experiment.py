@@ -20,6 +20,9 @@ def add_parser(sub, name: str) -> None:
     ex.add_argument("--out", help="experiment dir (default: the file's out:)")
     ex.add_argument("--jobs", type=int, default=1, help="runs at once (on one GPU, or round robin over --devices)")
     ex.add_argument("--devices", help="GPUs for the job slots, round robin, e.g. 0,1,2,3")
+    ex.add_argument("--pretrain-procs", type=int, default=1, metavar="N",
+                    help="train each pretraining run on N processes (torch.distributed.run; the first N --devices), "
+                    "one at a time; train.batch_size stays the global batch")  # fmt: skip
     ex.add_argument("--dry-run", action="store_true", help="list the runs and a command line of each kind; run nothing")
     ex.add_argument("--only", action="append", help="run only the runs matching this glob (repeatable), e.g. "
                     "'finetune/sentiment/*', and the runs they need")  # fmt: skip
@@ -34,4 +37,4 @@ def run(args: argparse.Namespace) -> None:
     from lmforge.experiments.experiment import cmd_experiment
 
     cmd_experiment(named(args, "experiment"), args.overrides, out=args.out, jobs=args.jobs, devices=devices_of(args),
-                   dry_run=args.dry_run, only=args.only)  # fmt: skip
+                   dry_run=args.dry_run, only=args.only, pretrain_procs=args.pretrain_procs)  # fmt: skip

@@ -49,18 +49,21 @@ def cmd_experiment(
     devices: list[str] | None = None,
     dry_run: bool = False,
     only: list[str] | None = None,
+    pretrain_procs: int = 1,
 ) -> dict[str, Any]:
     """Run (or, dry_run, list) an experiment's unfinished runs (`only`: those matching the patterns, and what they
     need), then write OUT/NAME.md, NAME.json and plots/ (results.py); print the table. Returns the JSON summary.
-    Failed runs are reported after the table is written."""
+    Failed runs are reported after the table is written. `pretrain_procs` > 1: each pretraining run on that many
+    processes (GPUs), one at a time."""
     from lmforge.experiments.results import summary_json, write_report
-    from lmforge.experiments.runner import arm_command, check_all_finished, run_arms
+    from lmforge.experiments.runner import arm_command, check_all_finished, run_arms, spread_pretraining
     from lmforge.extras import check
     from lmforge.train.rundir import RunLock
 
     exp = load_experiment(path, overrides, out)
     if dry_run:  # nothing written: the runs as they would run, before any shared tokenizer exists
         arms = select(plan_experiment(exp, make_data=False), only)
+        spread_pretraining(arms, pretrain_procs, devices)
         rows = [[a.name, a.kind, ", ".join(a.after) or "–", a.max_steps or "–",
                  si(a.info["tokens"]) if "tokens" in a.info else "–",
                  sci(a.info["flops"]) if "flops" in a.info else "–"] for a in arms]  # fmt: skip
@@ -75,7 +78,9 @@ def cmd_experiment(
     lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir
     lock.acquire()
     try:
-        results = run_arms(select(plan_experiment(exp), only), jobs=jobs, devices=devices)
+        arms = select(plan_experiment(exp), only)
+        spread_pretraining(arms, pretrain_procs, devices)
+        results = run_arms(arms, jobs=jobs, devices=devices)
         paths = write_report(exp, results, budget_text(exp))
     finally:
         lock.release()

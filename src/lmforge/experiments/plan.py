@@ -159,7 +159,7 @@ def _pretrain_info(cfg, budget: Budget | None, what: str) -> dict[str, Any]:
         params = Transformer(cfg.model).num_params()
     return {"objective": cfg.objective.name, "arch": cfg.model.arch, "params": params, "steps": steps,
             "tokens": steps * tokens_step, "flops": steps * flops_step, "tokens_per_step": tokens_step,
-            "flops_per_step": flops_step}  # fmt: skip
+            "flops_per_step": flops_step, "batch_size": t.batch_size}  # fmt: skip
 
 
 # --- fine-tuning and evaluation -----------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ class Arm:
     """eval: the `--task` recipes."""
     after: list[str] = field(default_factory=list)
     """Names of the arms whose runs this one needs; it starts once they have finished."""
+    procs: int = 1
+    """pretrain: processes it trains on (> 1: under torch.distributed.run, alone on the machine)."""
 
 
 @dataclass
@@ -165,6 +167,9 @@ def arm_command(arm: Arm) -> list[str]:
         cmd = base + ["finetune", arm.recipe, "--init", str(arm.init), f"--run.dir={arm.run_dir}", *over]
     else:
         cmd = base + ["pretrain", arm.recipe, f"--run.dir={arm.run_dir}", *over, f"--train.max_steps={arm.max_steps}"]
+        if arm.procs > 1:  # the same global batch, cut across the processes
+            launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={arm.procs}"]
+            cmd = [cmd[0], *launcher, *cmd[1:], f"--train.batch_size={arm.info['batch_size'] // arm.procs}"]
     return cmd + (["--resume"] if has_checkpoint(arm.run_dir) else [])
 
 
@@ -263,13 +268,15 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
             _fail_orphans(todo, results)
             for slot in range(jobs):
                 arm = _next_ready(todo, results, lambda a: not _in_use(a, waiting)) if slot not in running else None
-                if arm is None:
-                    continue
+                if arm is None or any(a.procs > 1 for a, _, _ in running.values()) or arm.procs > 1 and running:
+                    continue  # a run on several processes has the machine to itself
                 final = arm_final(arm)  # the process it waited for may have finished the run
                 if final is not None:
                     results[arm.name] = ArmResult(arm, "skipped", final)
                     continue
                 device = devices[slot % len(devices)] if devices else None
+                if devices and arm.procs > 1:
+                    device = ",".join(devices[: arm.procs])
                 started += 1
                 verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
                 status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
@@ -299,6 +306,21 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
         if on_term is not None:
             signal.signal(signal.SIGTERM, on_term)
     return [results[a.name] for a in arms]
+
+
+def spread_pretraining(arms: list[Arm], procs: int, devices: list[str] | None) -> None:
+    """Train each pretraining arm on `procs` processes (the first `procs` of `devices`), its train.batch_size the
+    global batch; one-line errors for what cannot be cut that way."""
+    if procs < 1:
+        raise LMForgeError(f"--pretrain-procs must be >= 1, got {procs}")
+    if procs > 1 and devices and len(devices) < procs:
+        raise LMForgeError(f"--pretrain-procs {procs} needs as many --devices, got {len(devices)}: {','.join(devices)}")
+    for arm in arms:
+        if arm.kind == "pretrain" and procs > 1:
+            if arm.info["batch_size"] % procs:
+                raise LMForgeError(f"{arm.name}: train.batch_size {arm.info['batch_size']} (the global batch) does not "
+                                   f"divide into --pretrain-procs {procs} processes")  # fmt: skip
+            arm.procs = procs
 
 
 def _check_names(arms: list[Arm]) -> None:
