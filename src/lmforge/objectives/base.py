@@ -60,6 +60,13 @@ class Objective:
         )  # fmt: skip
 
     @classmethod
+    def packed_windows(cls, options) -> bool:
+        """Whether training batches are the default loader's packed, independent windows (what
+        train.seq_len_schedule cuts into shorter ones): objectives with their own loader (sentence pairs, document
+        chunks, segments with memory) are not, unless they say so for their options."""
+        return cls.make_loader is Objective.make_loader
+
+    @classmethod
     def lengths(cls, options, seq_len: int) -> tuple[int, int | None]:
         """(input tokens, decoder target tokens or None) the model sees per train.seq_len-token window (expected
         values where they vary); encoder-decoder objectives whose inputs and targets differ in length override it."""

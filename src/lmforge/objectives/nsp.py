@@ -101,6 +101,10 @@ class RoBERTa(MaskedObjective):
     name = "roberta"
     Options = RobertaOptions
 
+    @classmethod
+    def packed_windows(cls, options) -> bool:
+        return options.inputs == "full_sentences"  # DOC-SENTENCES: padded chunks of one document
+
     def make_loader(self, data_dir, split: str, *, rank: int = 0, world_size: int = 1):
         if self.options.inputs == "full_sentences":
             return super().make_loader(data_dir, split, rank=rank, world_size=world_size)

@@ -3,15 +3,18 @@ trained by the one loop (`train/loop.py`). It knows objectives through their int
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from lmforge.checkpoints import EXPORT_MODULES
-from lmforge.data.loader import take_rows
+from lmforge.data.loader import TokenLoader, take_rows
+from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
 from lmforge.progress import status
@@ -22,6 +25,7 @@ from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import peak_flops
 from lmforge.train.prefetch import Batch
 from lmforge.train.pretrain_config import Config, to_dict
+from lmforge.train.seq_len_schedule import DrawLengths, check_schedule, cut_windows, stage_lengths
 from lmforge.train.session import RunSession
 from lmforge.train.setup import (
     apply_init,
@@ -37,24 +41,33 @@ from lmforge.train.setup import (
 class ObjectiveBatches:
     """A loader's packed windows (or sentence pairs) turned into model batches by an objective's transform, every
     random choice drawn from this source's own generator: a batch depends only on the seed and the position, and
-    the state (position + generator) resumes it exactly."""
+    the state (position + generator + draws) resumes it exactly.
 
-    def __init__(self, loader, transform, seed: int) -> None:
-        self.loader, self.transform = loader, transform
+    `lengths` (train.seq_len_schedule): draw index → window length; a batch drawn at a shorter length has each
+    window cut into consecutive pieces (`cut_windows`) before the transform, the same tokens in more rows. The
+    length depends on the batch's own index, counted here, so batches built ahead keep their step's length."""
+
+    def __init__(self, loader, transform, seed: int, lengths: Callable[[int], int] | None = None) -> None:
+        self.loader, self.transform, self.lengths = loader, transform, lengths
         self.generator = torch.Generator().manual_seed(seed)
+        self.draws = 0
 
     def __next__(self) -> Batch:
         tokens = next(self.loader)
+        if self.lengths is not None:
+            tokens = cut_windows(tokens, self.lengths(self.draws))
+        self.draws += 1
         with use_rng(self.generator):
             data = self.transform(tokens)
         return Batch(data)
 
     def state_dict(self) -> dict:
-        return {"loader": self.loader.state_dict(), "generator": self.generator.get_state()}
+        return {"loader": self.loader.state_dict(), "generator": self.generator.get_state(), "draws": self.draws}
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state["loader"])
         self.generator.set_state(state["generator"])
+        self.draws = int(state.get("draws", 0))  # checkpoints from before the count: 0
 
 
 class Pretraining:
@@ -74,12 +87,14 @@ class Pretraining:
         self.init_from = apply_init(cfg)  # before the config is saved or compared: it sets model.* and the tokenizer
         self.resume_from = self.session.find_resume(to_dict(cfg), resume)
         check_inputs(cfg)
+        check_schedule(cfg)  # also for configs not made by load_config (resumed, built in Python)
         if d.is_main and (note := warmup_note(cfg)):
             status(note)
         self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, d)
         check_vocab(cfg, self.tokenizer)
         self.data_dir = prepare_data(cfg, self.run_dir, self.tokenizer, d)
         self.objective = OBJECTIVES.get(cfg.objective.name)(cfg, self.tokenizer)
+        self._check_stages()
         if cfg.train.parallel == "fsdp":  # FSDP moves the model block by block as it shards it
             self.raw_model = self.objective.build_model(cfg.model)
         else:  # built and initialised where it trains (a 162M-parameter init takes 2 s on a CPU)
@@ -94,7 +109,12 @@ class Pretraining:
                 status(f"initialised from {self.init_from}")
         t = cfg.train
         loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
-        batches = ObjectiveBatches(loader, self.objective.transform, rank_seed(cfg.run.seed, d.rank) + 0x0B1E)
+        if t.seq_len_schedule and not isinstance(loader, TokenLoader):
+            raise LMForgeError(f"train.seq_len_schedule: objective '{cfg.objective.name}' has no packed windows to cut")
+        # Stage lengths follow the loop's planned steps (set once the loop exists; a time budget replans them).
+        lengths = DrawLengths(t.seq_len_schedule, t.grad_accum, lambda: t.max_steps) if t.seq_len_schedule else None
+        seed = rank_seed(cfg.run.seed, d.rank) + 0x0B1E
+        batches = ObjectiveBatches(loader, self.objective.transform, seed, lengths)
         self.val_loader = self.objective.make_loader(self.data_dir, "val", rank=d.rank, world_size=d.world_size)
         spec = LoopSpec(
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
@@ -109,6 +129,8 @@ class Pretraining:
         self.loop = self.session.start(
             self.raw_model, self.objective.loss, batches, spec, config=to_dict(cfg), callbacks=callbacks, reseed=reseed
         )
+        if lengths is not None:
+            lengths.total = lambda: self.loop.total
         self.log = self.session.log
         # Always said, also with --quiet: where a run continued belongs in its log.
         if self.resume_from is not None and d.is_main:
@@ -124,6 +146,18 @@ class Pretraining:
                     "to train (a larger --train.max_steps continues it)",
                     file=sys.stderr,
                 )
+
+    def _check_stages(self) -> None:
+        """The objective's own checks of train.seq_len (T5's spans, MTP's heads, ...) at each shorter stage length."""
+        cfg = self.cfg
+        for length in stage_lengths(cfg.train.seq_len_schedule):
+            if length == cfg.train.seq_len:
+                continue
+            short = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seq_len=length))
+            try:
+                OBJECTIVES.get(cfg.objective.name)(short, self.tokenizer)
+            except LMForgeError as e:
+                raise LMForgeError(f"train.seq_len_schedule: at length {length}: {e}") from None
 
     @property
     def model(self):

@@ -26,6 +26,7 @@ from lmforge.config.types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.tokenizers.specials import Family
+from lmforge.train.seq_len_schedule import check_schedule
 
 
 @dataclass
@@ -84,6 +85,15 @@ class TrainConfig(LoopConfig, OptimConfig):
 
     seq_len: PosInt = 256
     """Tokens per training sequence (at most the model's max_seq_len)."""
+    seq_len_schedule: list[list[float]] | None = None
+    """Sequence-length warmup: [[fraction, length], ...] pairs, each starting a stage at that fraction of the planned
+    steps (the time budget's plan where one is set), e.g. [[0.0, 64], [0.5, 128]] with seq_len 128: windows of 64
+    tokens for the first half, full windows after. Fractions start at 0.0, strictly increase and stay below 1;
+    lengths strictly increase and divide seq_len; the last stage runs to the end (a last length below seq_len never
+    trains on full windows; validation always scores them). Tokens per step stay batch_size·seq_len: each window is
+    cut into seq_len/length pieces (more, shorter rows). Token and FLOPs accounting keep the full-length count
+    (attention's share is smaller on short windows); torch.compile compiles once per stage. Packed-window objectives
+    only (not sentence pairs, document chunks or Transformer-XL/XLNet memory). None = seq_len throughout."""
     eval_batches: PosInt = 20
     """Validation batches per evaluation."""
     target_loss: PosFloat | None = None
@@ -121,6 +131,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | 
     if recipe is not None and cfg.run.recipe is None:
         cfg.run.recipe = str(recipe)
     fit_to_model(cfg, base, user)
+    check_schedule(cfg)  # after fit_to_model: it may lower train.seq_len
     return cfg
 
 
