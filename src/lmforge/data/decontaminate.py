@@ -46,7 +46,7 @@ class Decontaminator:
     """The held-out n-grams of `sets` and the paragraph filter; `counts` tallies what `filter` dropped."""
 
     def __init__(self, sets: Sequence[str], n: int = 8) -> None:
-        from lmforge.tasks.data import example_texts
+        from lmforge.data.examples import example_texts
 
         if n < 1:
             raise LMForgeError(f"--decontaminate-n must be at least 1, got {n}")

@@ -39,3 +39,14 @@ class Dataset:
     task_type: str | None = None
     """What the labels are, as the reader knows it: classification, regression, multiple_choice, span, tagging or
     text_to_text (None = not stated)."""
+
+
+def example_texts(datasets: list[Dataset]) -> list[str]:
+    """Every text of the examples (to train a tokenizer for a randomly initialised model; the held-out n-grams of
+    test-set decontamination)."""
+    out = []
+    for ds in datasets:
+        for e in ds.examples:
+            out += [t for t in (e.text, e.text_pair, e.context, e.target) if t]
+            out += list(e.choices or []) + [" ".join(e.tokens or [])]
+    return [t for t in out if t]

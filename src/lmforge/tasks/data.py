@@ -260,13 +260,3 @@ def check_labels(splits: dict[str, Dataset], declared: list[str] | None, min_cou
             file=sys.stderr,
         )
     return splits
-
-
-def example_texts(datasets: list[Dataset]) -> list[str]:
-    """Every text of the examples (to train a tokenizer for a randomly initialised model)."""
-    out = []
-    for ds in datasets:
-        for e in ds.examples:
-            out += [t for t in (e.text, e.text_pair, e.context, e.target) if t]
-            out += list(e.choices or []) + [" ".join(e.tokens or [])]
-    return [t for t in out if t]

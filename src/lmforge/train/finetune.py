@@ -19,14 +19,14 @@ import torch
 
 from lmforge.adapt.adamix import with_consistency
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
-from lmforge.data.examples import Dataset
+from lmforge.data.examples import Dataset, example_texts
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
 from lmforge.loading import load_backbone
 from lmforge.progress import status
 from lmforge.tasks.backbone import checkpoint_config, task_token_rows
 from lmforge.tasks.config import FinetuneConfig, finetune_to_dict
-from lmforge.tasks.data import example_texts, load_splits
+from lmforge.tasks.data import load_splits
 from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.model import set_dropout
 from lmforge.train import checkpoint as ckpt
