@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from lmforge.checkpoints import EXPORT_MODULES
-from lmforge.data.loader import TokenLoader, take_rows
+from lmforge.data.loader import take_rows
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
@@ -109,8 +109,6 @@ class Pretraining:
                 status(f"initialised from {self.init_from}")
         t = cfg.train
         loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
-        if t.seq_len_schedule and not isinstance(loader, TokenLoader):
-            raise LMForgeError(f"train.seq_len_schedule: objective '{cfg.objective.name}' has no packed windows to cut")
         # Stage lengths follow the loop's planned steps (set once the loop exists; a time budget replans them).
         lengths = DrawLengths(t.seq_len_schedule, t.grad_accum, lambda: t.max_steps) if t.seq_len_schedule else None
         seed = rank_seed(cfg.run.seed, d.rank) + 0x0B1E
