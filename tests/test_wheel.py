@@ -24,7 +24,7 @@ from packaging.utils import canonicalize_name
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONAL = ("sklearn", "scipy", "rouge_score", "sacrebleu", "pyarrow", "rdata", "matplotlib", "lm_eval",
-            "transformers", "tensorboard", "wandb", "mlflow", "pandas", "nltk", "datasets")  # fmt: skip
+            "transformers", "tensorboard", "wandb", "mlflow", "torchao", "pandas", "nltk", "datasets")  # fmt: skip
 
 
 def checkout_files() -> list[str]:

@@ -28,6 +28,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard>=2.14", "tensorboard"),
     "wandb": ("wandb>=0.17", "wandb"),
     "mlflow": ("mlflow-skinny>=2.14", "mlflow"),
+    "torchao": ("torchao>=0.10", "float8"),
 }
 
 
