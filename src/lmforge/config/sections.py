@@ -113,8 +113,25 @@ class LoopConfig:
     """parallel=fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (the optimizer
     steps on the CPU); fits larger models, trains slower."""
     activation_checkpointing: bool = False
-    """Recompute each transformer block's activations in the backward pass instead of storing them: about one
-    more forward pass of compute for activation memory of one block's input per layer."""
+    """Recompute transformer blocks' activations in the backward pass instead of storing them (see
+    checkpoint_policy)."""
+    checkpoint_policy: Literal["full", "selective"] = "full"
+    """activation_checkpointing: full = recompute each block's whole forward (about one more forward pass of
+    compute; one block input stored per layer); selective = keep the outputs of the matrix products and attention,
+    recompute only the elementwise work (norms, activations, dropout masks, rotary): little extra compute, most of
+    the memory of the elementwise intermediates saved."""
+    checkpoint_every: PosInt = 1
+    """activation_checkpointing: checkpoint every this many blocks (1 = all; 2 = every other block)."""
+    float8: bool = False
+    """Train the blocks' Linear layers in float8 (torchao's dynamic tensorwise scaling; Hopper-class GPUs, compute
+    capability ≥ 8.9; `pip install 'lmforge[float8]'`). Under parallel=fsdp their weights are also all-gathered in
+    float8."""
+    ddp_bucket_mb: PosFloat = 25.0
+    """parallel=ddp: gradient all-reduce bucket size in MiB (larger buckets: fewer, bigger all-reduces)."""
+    fsdp_reshard: Literal["auto", "always", "never"] = "auto"
+    """parallel=fsdp: free each block's gathered weights after its forward (always: least memory, one more
+    all-gather per block in backward) or keep them until backward (never: like ZeRO-2). auto = never when the
+    whole model's bf16 weights take under a tenth of a GPU's memory, else always."""
     async_save: bool = False
     """parallel=fsdp: write checkpoints in a background thread once they are copied to CPU memory; training goes on
     meanwhile and a checkpoint appears (manifest last) when its files are on disk."""

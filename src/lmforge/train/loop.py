@@ -95,6 +95,8 @@ class Loop:
 
             self.sharded = ShardedCheckpoints(dist, cfg.async_save)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.nonfinite_params: parallel.NonfiniteParams | None = None  # after the first forward: FSDP's lazy
+        # initialisation may give a sharded parameter a new local tensor
         self.optimizer = build_optimizer(model, cfg, device)
         self.schedule = Schedule(self.optimizer, cfg, cfg.max_steps)
         self.total = cfg.max_steps  # planned steps: max_steps, or what the time budget allows
@@ -203,9 +205,15 @@ class Loop:
         # Clipping happens inside the optimizer step (fused AdamW divides each gradient as it reads it), which
         # saves a pass over every gradient.
         self.optimizer.step(found_inf=bad, grad_scale=parallel.clip_scale(gnorm, c.grad_clip))
+        if c.float8 and self.sharded is not None:
+            from lmforge.train.float8 import precompute_scales  # float8 all-gathers need the new weights' scales
+
+            precompute_scales(self.raw)
         # A finite gradient can still overflow the weights (a huge lr): such a step is non-finite too, so the run
         # never counts its checkpoint as the last good one.
-        overflow = parallel.nonfinite_params(self.params, loss.device)
+        if self.nonfinite_params is None:
+            self.nonfinite_params = parallel.NonfiniteParams(self.params)
+        overflow = self.nonfinite_params.check(loss.device)
         if self.dist.enabled:
             torch.distributed.all_reduce(overflow, op=torch.distributed.ReduceOp.MAX)
         bad = torch.maximum(bad, 2.0 * overflow)

@@ -49,9 +49,13 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
     wraps it. Build the optimizer afterwards: under fsdp its parameters are the shards."""
     check_parallel(cfg)
     blocks = all_blocks(model)
+    if cfg.float8:  # before compile and sharding: both must see the float8 Linear layers
+        from lmforge.train.float8 import to_float8
+
+        to_float8(model, cfg, device)
     if cfg.activation_checkpointing:
-        for block in blocks:
-            _checkpoint_forward(block)
+        for block in blocks[:: cfg.checkpoint_every]:
+            _checkpoint_forward(block, cfg.checkpoint_policy)
     if cfg.compile and compiles_regions(cfg):
         compile_regions(model, blocks, cfg)
     if cfg.parallel == "fsdp":
@@ -59,7 +63,10 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
         return model
     if dist_info.enabled:
         ids = [device.index] if device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=ids)
+        # Gradients live in the all-reduce buckets themselves (no copy in and out of them each step).
+        model = DistributedDataParallel(
+            model, device_ids=ids, bucket_cap_mb=cfg.ddp_bucket_mb, gradient_as_bucket_view=True
+        )
     return model
 
 
@@ -70,14 +77,15 @@ def compiles_regions(cfg: LoopConfig) -> bool:
 
 def compile_regions(model: nn.Module, blocks: list[nn.Module], cfg: LoopConfig) -> None:
     """Compile each block's forward unless compile_scope=head (blocks of one shape share one graph: Dynamo caches
-    on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it) and, outside fsdp,
-    the LM head with its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary
-    model's elementwise work). The regions are compiled for training steps only: evaluation and generation, under
-    no_grad, run them eager rather than compiling a second set of graphs."""
+    on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it) and the LM head with
+    its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary model's elementwise
+    work; under fsdp it runs after the root unit's forward, on its gathered weights). The regions are compiled for
+    training steps only: evaluation and generation, under no_grad, run them eager rather than compiling a second
+    set of graphs."""
     if cfg.parallel == "fsdp" or cfg.compile_scope != "head":
         for block in blocks:
             block.forward = _compiled_with_grad(block.forward, cfg.compile_mode)
-    if cfg.parallel != "fsdp" and hasattr(model, "lm_loss"):
+    if hasattr(model, "lm_loss"):
         model.lm_loss = _compiled_with_grad(model.lm_loss, cfg.compile_mode)
 
 
@@ -110,17 +118,44 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return [b for b in blocks if all(holders[id(p)] == 1 for p in b.parameters())]
 
 
-def _checkpoint_forward(block: nn.Module) -> None:
-    """Recompute `block`'s forward in backward (non-reentrant checkpointing); hooks and parameter names stay."""
+def _checkpoint_forward(block: nn.Module, policy: str = "full") -> None:
+    """Recompute `block`'s forward in backward (non-reentrant checkpointing); hooks and parameter names stay.
+    policy=selective keeps what the matrix products and attention computed (see `_keep_costly`)."""
     forward = block.forward
+    options: dict[str, Any] = {}
+    if policy == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        options["context_fn"] = lambda: create_selective_checkpoint_contexts(_keep_costly)
 
     @wraps(forward)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **options, **kwargs)
 
     block.forward = checkpointed
+
+
+def _costly_ops() -> set:
+    aten = torch.ops.aten
+    names = ["mm", "addmm", "bmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_flash_attention_forward", "_efficient_attention_forward"]  # fmt: skip
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+_COSTLY: set | None = None
+
+
+def _keep_costly(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective checkpointing: store the outputs of matrix products and attention, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    global _COSTLY
+    if _COSTLY is None:
+        _COSTLY = _costly_ops()
+    return CheckpointPolicy.MUST_SAVE if op in _COSTLY else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> None:
@@ -137,11 +172,28 @@ def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
     units = shard_units(model)
+    reshard = reshards_after_forward(model, cfg, device)
     for i, unit in enumerate(units):
         # The last block's weights are needed again first in backward: keeping them saves one all-gather.
         last = i == len(units) - 1
-        fully_shard(unit, mesh=mesh, reshard_after_forward=not last, mp_policy=mp, offload_policy=offload)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard and not last, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
+    # Each unit's all-gather is issued while the unit before it (forward) or after it (backward) computes, rather
+    # than when the unit's own hooks run.
+    for before, after in zip(units, units[1:]):
+        before.set_modules_to_forward_prefetch([after])
+        after.set_modules_to_backward_prefetch([before])
+
+
+def reshards_after_forward(model: nn.Module, cfg: LoopConfig, device: torch.device) -> bool:
+    """train.fsdp_reshard as a bool; auto keeps the gathered blocks when the model's bf16 weights take under a tenth
+    of the GPU's memory (the second all-gather in backward costs more than the memory saved)."""
+    if cfg.fsdp_reshard != "auto":
+        return cfg.fsdp_reshard == "always"
+    if device.type != "cuda":
+        return True
+    weights = 2 * sum(p.numel() for p in model.parameters())
+    return weights >= torch.cuda.get_device_properties(device).total_memory / 10
 
 
 def _same_start(model: nn.Module, dist_info: DistInfo, device: torch.device) -> None:
@@ -213,15 +265,27 @@ def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
     return norm.to(device, non_blocking=True)
 
 
-def nonfinite_params(params: list[Tensor], device: torch.device) -> Tensor:
-    """1.0 on `device` where this rank's part of any parameter holds NaN or infinity, else 0.0 (a 0-d tensor; no
-    sync). After an optimizer step it catches an update that overflowed finite gradients into the weights. The
-    largest |value| cannot overflow where a sum of squares could; a NaN propagates through it."""
-    tensors = [local(p).detach() for p in params]
-    if not tensors:
-        return torch.zeros((), device=device)
-    peak = torch.stack([m.float() for m in torch._foreach_norm(tensors, float("inf"))]).max()
-    return (~torch.isfinite(peak)).float().to(device, non_blocking=True)  # one copy where params are offloaded
+class NonfiniteParams:
+    """`check(device)`: 1.0 on `device` where this rank's part of any of `params` holds NaN or infinity, else 0.0 (a
+    0-d tensor; no sync). After an optimizer step it catches an update that overflowed finite gradients into the
+    weights. The largest |value| cannot overflow where a sum of squares could; a NaN propagates through it.
+
+    The parameters' local parts are gathered once, by dtype: optimizer steps and checkpoint loads write into them in
+    place, and a loop bound by kernel launches would otherwise pay a Python call per parameter at every step."""
+
+    def __init__(self, params: list[Tensor]) -> None:
+        groups: dict[torch.dtype, list[Tensor]] = {}
+        for p in params:
+            t = local(p).detach()
+            groups.setdefault(t.dtype, []).append(t)
+        self.groups = list(groups.values())
+
+    def check(self, device: torch.device) -> Tensor:
+        if not self.groups:
+            return torch.zeros((), device=device)
+        peaks = [torch.stack(torch._foreach_norm(g, float("inf"))).max() for g in self.groups]
+        peak = peaks[0] if len(peaks) == 1 else torch.stack([m.float() for m in peaks]).max()
+        return (~torch.isfinite(peak)).float().to(device, non_blocking=True)  # one copy where params are offloaded
 
 
 def clip_scale(norm: Tensor, max_norm: float) -> Tensor | None:
