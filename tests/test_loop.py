@@ -5,12 +5,19 @@ itself."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 from lm_objective_testing import TINY_DECODER, objective
 
 from lmforge.data import TokenLoader
+from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import lm_head_loss
@@ -59,6 +66,90 @@ def test_prefetched_batches_and_states_equal_the_synchronous_ones(prepared):
     for _ in range(8):
         assert _same(next(resumed), next(replay))
     resumed.close()
+
+
+def test_a_worker_process_gives_the_synchronous_batches_and_states(prepared):
+    sync, ahead = Prefetcher(_source(prepared), depth=0), Prefetcher(_source(prepared), depth=3, process=True)
+    states = []
+    for _ in range(25):  # past an epoch end of the loader
+        assert _same(next(sync), next(ahead))
+        assert sync.state_dict()["loader"] == ahead.state_dict()["loader"]
+        assert torch.equal(sync.state_dict()["generator"], ahead.state_dict()["generator"])
+        states.append(ahead.state_dict())
+    proc = ahead._process.proc
+    ahead.close()
+    assert not proc.is_alive()
+    resumed = Prefetcher(_source(prepared), depth=2, process=True)
+    resumed.load_state_dict(states[9])
+    replay = Prefetcher(_source(prepared), depth=0)
+    for _ in range(10):
+        next(replay)
+    for _ in range(8):
+        assert _same(next(resumed), next(replay))
+    resumed.close()
+
+
+class _Broken:
+    def __next__(self):
+        raise ValueError("bad row")
+
+    def state_dict(self):
+        return {}
+
+
+def test_an_error_in_the_worker_process_reaches_the_training_step():
+    with pytest.raises(ValueError, match="bad row"):
+        next(Prefetcher(_Broken(), depth=2, process=True))
+
+
+class _Dies:
+    def __next__(self):
+        os._exit(3)
+
+    def state_dict(self):
+        return {}
+
+
+def test_a_worker_process_that_dies_is_one_error_line():
+    with pytest.raises(LMForgeError, match=r"the batch worker process died \(exit code 3\)"):
+        next(Prefetcher(_Dies(), depth=2, process=True))
+
+
+_ORPHAN = """
+import os, signal, sys, torch
+from lmforge.train.prefetch import Batch, Prefetcher
+
+class Endless:
+    def __next__(self):
+        return Batch({"x": torch.zeros(4)})
+
+    def state_dict(self):
+        return {}
+
+p = Prefetcher(Endless(), depth=1, process=True)
+next(p)
+print(p._process.proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_worker_process_ends_when_the_training_process_is_killed():
+    res = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=60)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    pid = int(res.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat")  # a zombie (exited, not yet reaped by init) counts as ended
+    return not (state.exists() and state.read_text().split(") ")[-1].startswith("Z"))
 
 
 def test_an_error_in_the_prefetch_thread_reaches_the_training_step():

@@ -121,3 +121,31 @@ def test_electra_fast_trains_under_ddp(tmp_path):
     )  # fmt: skip
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert [r["step"] for r in metrics(tmp_path / "el") if "loss" in r] == [1, 2]
+
+
+def test_a_worker_process_builds_the_same_batches_as_a_thread(prepared, tmp_path):
+    """train.prefetch_worker=process (the default for pretraining on a GPU) trains exactly like the thread, also
+    across a resume; a worker process is refused where the batches follow the loop."""
+    tok, data = prepared
+    common = [f"--data.tokenizer={tok}", f"--data.prepared={data}", *TINY, "--model.vocab_size=512"]
+    common += ["--train.max_steps=8", "--train.log_every=1", "--train.eval_every=100", "--train.deterministic"]
+    common += ["--train.save_every=4", "--model.preset=gpt-tiny"]
+    losses = {}
+    for worker in ("thread", "process"):
+        run = tmp_path / worker
+        res = run_cli("pretrain", "prefix-lm", f"--run.dir={run}", f"--train.prefetch_worker={worker}",
+                      *common, cwd=tmp_path)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        losses[worker] = [r["loss"] for r in metrics(run) if "loss" in r]
+    assert len(losses["process"]) == 8 and losses["process"] == losses["thread"]
+    shutil.rmtree(tmp_path / "process" / "checkpoints" / "step_8")
+    res = run_cli("pretrain", "prefix-lm", f"--run.dir={tmp_path / 'process'}", "--train.prefetch_worker=process",
+                  "--resume", *common, cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert [r["loss"] for r in metrics(tmp_path / "process") if "loss" in r] == losses["thread"]
+    bad = ["--train.prefetch_worker=process", "--train.time_budget=60", "--train.seq_len_schedule=[[0.0,32],[0.5,64]]"]
+    res = run_cli("pretrain", "prefix-lm", f"--run.dir={tmp_path / 'bad'}", *common, *bad,
+                  cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith(
+        "error: train.prefetch_worker=process: this run's batches follow the training loop"
+    )

@@ -146,7 +146,13 @@ class LoopConfig:
     (0 = off)."""
     spike_window: PosInt = 100
     prefetch: NonNegInt = 2
-    """Batches built ahead of the step in a background thread, in pinned memory (0 = build each in the step)."""
+    """Batches built ahead of the step in a background thread or worker process, in pinned memory (0 = build each
+    in the step)."""
+    prefetch_worker: Literal["auto", "thread", "process"] = "auto"
+    """Where batches are built ahead: process = a forked worker process, whose work never holds the training
+    thread's GIL (a thread's masking or span corruption slows a loop bound by kernel launches); thread = a thread of
+    the training process. auto = process for pretraining on a GPU, else thread. Fine-tuning, and pretraining with a
+    sequence-length schedule under a time budget (its stages follow the loop's replanning), build in a thread."""
     log_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
     """Extra metric sinks beside metrics.jsonl, each lmforge's extra of the same name: tensorboard (RUN/tensorboard),
     wandb (W&B's WANDB_* settings; WANDB_MODE=offline works without an account), mlflow (MLFLOW_TRACKING_URI, else

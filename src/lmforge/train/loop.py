@@ -61,6 +61,17 @@ class LossStep(nn.Module):
         return out.loss, out.metrics
 
 
+def _in_process(cfg: LoopConfig, spec: LoopSpec, device: torch.device) -> bool:
+    """Whether a worker process builds the batches ahead (train.prefetch_worker)."""
+    if cfg.prefetch_worker == "process" and not spec.worker_batches:
+        raise LMForgeError(
+            "train.prefetch_worker=process: this run's batches follow the training loop (fine-tuning, or a "
+            "sequence-length schedule under a time budget); use thread or auto"
+        )
+    return cfg.prefetch_worker == "process" or (cfg.prefetch_worker == "auto" and device.type == "cuda"
+                                                 and spec.worker_batches)  # fmt: skip
+
+
 class Loop:
     """Trains `model` with `loss_fn(model, batch) -> LossOutput` over `batches` for `cfg.max_steps` steps."""
 
@@ -107,7 +118,9 @@ class Loop:
         self.autocast = autocast_for(device, cfg.precision)
         if device.type == "cuda":  # float32 matmuls outside autocast (optimizer-free parts, fp32 runs) on TF32
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        self.batches = Prefetcher(batches, cfg.prefetch, pin_memory=device.type == "cuda")
+        self.batches = Prefetcher(
+            batches, cfg.prefetch, pin_memory=device.type == "cuda", process=_in_process(cfg, spec, device)
+        )
         self.step = 0
         self.best: tuple[float, int] | None = None
         self.streak, self.pre_streak_ckpt = 0, None  # consecutive non-finite steps; the last checkpoint before

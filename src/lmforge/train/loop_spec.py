@@ -55,3 +55,6 @@ class LoopSpec:
     progress_every: int = 1
     stop_when: Callable[[dict[str, float]], bool] | None = None
     """Ends the run (with a checkpoint) at the first evaluation whose metrics it accepts (time-to-loss runs)."""
+    worker_batches: bool = False
+    """The batch source reads nothing the loop changes while training, so a forked worker process may build its
+    batches (train.prefetch_worker)."""

@@ -122,6 +122,7 @@ class Pretraining:
             peak_flops=peak_flops(self.device, torch.bfloat16 if t.precision != "fp32" else torch.float32),
             resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
             stop_when=(lambda m: m["val_loss"] <= t.target_loss) if t.target_loss is not None else None,
+            worker_batches=lengths is None or t.time_budget is None,
         )
         reseed = lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank))  # noqa: E731
         self.loop = self.session.start(
