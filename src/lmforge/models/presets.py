@@ -90,6 +90,8 @@ _LLAMA32 = dict(vocab_size=128256, max_seq_len=8192, rope_base=500000.0, norm_ep
                 tie_embeddings=True, init_std=0.02)  # fmt: skip
 preset("llama-1b", F.LLAMA, d_model=2048, n_layers=16, n_heads=32, d_ff=8192, **_LLAMA32)
 preset("llama-3b", F.LLAMA, d_model=3072, n_layers=28, n_heads=24, d_ff=8192, **_LLAMA32)
+# Llama 3.1 8B's shape (untied embeddings; 8.03B parameters).
+preset("llama-8b", F.LLAMA, d_model=4096, n_layers=32, n_heads=32, d_ff=14336, **{**_LLAMA32, "tie_embeddings": False})
 # Test size with grouped-query attention (2 key/value heads serve 4 query heads).
 preset(
     "llama-tiny", F.LLAMA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=172, max_seq_len=128
