@@ -6,7 +6,10 @@ weak scaling (a fixed batch per GPU), each configuration a real torchrun launch 
     PYTHONPATH=src python bench/scale.py --preset gpt-tiny --batch 4 --seq 64 --steps 6 --warmup 2 --gpus 1 2 \\
         --device cpu                                                       # CPU smoke run (gloo)
 
-Scaling efficiency on N GPUs = tokens/s on N ÷ (N × tokens/s on 1) of the same parallelism (1.0 = linear).
+Scaling efficiency on N GPUs = tokens/s on N ÷ (N × tokens/s on 1) of the same parallelism (1.0 = linear). Each
+row's per-GPU tokens/s is also divided by the plain loop's: one process on one GPU, no DDP wrapper or sharding
+(ddp on 1 GPU is that loop; it is run first when the GPU counts or parallelisms asked for leave it out, unless
+--no-plain).
 Tokens/s is the loop's own clock (train/metrics.py: Throughput, evaluation and saving excluded), averaged over the
 log windows after --warmup steps; memory is torch.cuda.max_memory_allocated, the largest over the ranks."""
 
@@ -47,8 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="write no checkpoint (a multi-billion-parameter run's final save is tens of GB of disk)",
     )
+    p.add_argument("--no-plain", action="store_true", help="no plain 1-GPU loop run (a model too big for one GPU)")
     p.add_argument("--data", type=Path, help="prepared data dir (default: the bundled corpus, prepared in --work)")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer dir of --data")
+    p.add_argument("--tokenizer", help="tokenizer of --data: a dir, or a published name such as gpt2")
     p.add_argument("--work", type=Path, default=Path("bench/results/scale-work"), help="runs and prepared data")
     p.add_argument("--out", type=Path, help="results JSON (default: $OUT or bench/results, by time and device)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides, e.g. model.n_layers=48")
@@ -94,7 +98,7 @@ def free_port() -> int:
 def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Path) -> dict:
     """One torchrun launch → {tokens_per_s, peak memory per GPU, ...} or {error}."""
     from lmforge.models import get_preset
-    from lmforge.tokenizers import Tokenizer
+    from lmforge.tokenizers.published import tokenizer_vocab_size
 
     name = f"{parallel}-{n}gpu"
     run_dir, stats = args.work / "runs" / name, args.work / "stats" / name
@@ -102,7 +106,7 @@ def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Pa
         shutil.rmtree(d, ignore_errors=True)
     stats.mkdir(parents=True)
     # The preset's head whatever the corpus tokenizer's size (unless the tokenizer has more tokens).
-    vocab = max(get_preset(args.preset).vocab_size, Tokenizer.load(tok).vocab_size)
+    vocab = max(get_preset(args.preset).vocab_size, tokenizer_vocab_size(str(tok)))
     overrides = [
         f"--run.dir={run_dir}", f"--data.tokenizer={tok}", f"--data.prepared={data}", f"--model.preset={args.preset}",
         f"--model.vocab_size={vocab}", f"--train.batch_size={args.batch}", f"--train.seq_len={args.seq}",
@@ -114,7 +118,8 @@ def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Pa
     ]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={free_port()}",
            str(WORKER), "pretrain", "gpt", *overrides]  # fmt: skip
-    env = {**os.environ, "LMFORGE_SCALE_DIR": str(stats), "PYTHONPATH": str(ROOT / "src")}
+    path = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "LMFORGE_SCALE_DIR": str(stats), "PYTHONPATH": path}
     if args.no_save:
         env["LMFORGE_SCALE_NO_SAVE"] = "1"
     t0 = time.time()
@@ -150,12 +155,16 @@ def failure_line(stderr: str) -> str:
 
 
 def add_efficiency(results: list[dict]) -> None:
-    """Weak-scaling efficiency of each row against the same parallelism's 1-GPU row."""
+    """Weak-scaling efficiency of each row against the same parallelism's 1-GPU row, and its per-GPU tokens/s
+    against the plain loop's (ddp on 1 GPU: no wrapper, no sharding)."""
     base = {r["parallel"]: r.get("tokens_per_s") for r in results if r["gpus"] == 1}
+    plain = base.get("ddp")
     for r in results:
         b = base.get(r["parallel"])
         if b and r.get("tokens_per_s"):
             r["scaling_efficiency"] = round(r["tokens_per_s"] / (r["gpus"] * b), 3)
+        if plain and r.get("tokens_per_s"):
+            r["per_gpu_vs_plain"] = round(r["tokens_per_s_per_gpu"] / plain, 3)
 
 
 def table(results: list[dict], args: argparse.Namespace) -> str:
@@ -163,18 +172,18 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
             f"(tokens/s after step {args.warmup}){', compiled' if args.compile else ''}"
             f"{', activation checkpointing' if args.activation_checkpointing else ''}"
             f"{''.join(f', {kv}' for kv in args.set)}")  # fmt: skip
-    lines = [head, "", "| parallel | GPUs | tokens/s | tokens/s per GPU | scaling efficiency | MFU | peak GiB/GPU |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [head, "", "| parallel | GPUs | tokens/s | tokens/s per GPU | scaling efficiency | per GPU ÷ plain loop | "
+             "MFU | peak GiB/GPU |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         if "error" in r:
             mem = f" (peak {r['peak_gib_per_gpu']} GiB)" if "peak_gib_per_gpu" in r else ""
             lines.append(f"| {r['parallel']} | {r['gpus']} | {'out of memory' if r.get('oom') else 'failed'}{mem}: "
-                         f"{r['error'][:80]} | | | | |")  # fmt: skip
+                         f"{r['error'][:80]} | | | | | |")  # fmt: skip
             continue
         mfu = f"{r['mfu']:.3f}" if r.get("mfu") is not None else "n/a"
         rate = f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f}"
-        lines.append(f"| {r['parallel']} | {r['gpus']} | {rate} | {r.get('scaling_efficiency', 'n/a')} | {mfu} | "
-                     f"{r.get('peak_gib_per_gpu', 'n/a')} |")  # fmt: skip
+        lines.append(f"| {r['parallel']} | {r['gpus']} | {rate} | {r.get('scaling_efficiency', 'n/a')} | "
+                     f"{r.get('per_gpu_vs_plain', 'n/a')} | {mfu} | {r.get('peak_gib_per_gpu', 'n/a')} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -183,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     args.work = args.work.resolve()
     tok, data = prepared_corpus(args)
     results = []
-    for parallel in args.parallel:
-        for n in gpu_counts(args):
-            r = run_one(args, parallel, n, tok, data)
-            results.append(r)
-            print(json.dumps(r), flush=True)
+    runs = [(parallel, n) for parallel in args.parallel for n in gpu_counts(args)]
+    if ("ddp", 1) not in runs and not args.no_plain:  # the plain loop every row is compared with
+        runs.insert(0, ("ddp", 1))
+    for parallel, n in runs:
+        r = run_one(args, parallel, n, tok, data)
+        results.append(r)
+        print(json.dumps(r), flush=True)
     add_efficiency(results)
     text = table(results, args)
     print(text)

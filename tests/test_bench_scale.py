@@ -25,10 +25,13 @@ def test_scale_runs_each_world_size_and_no_save_writes_no_checkpoint(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["results"]
-    assert [(r["parallel"], r["gpus"]) for r in rows] == [("fsdp", 1), ("fsdp", 2)]
+    # The plain one-process loop (ddp on 1 GPU) runs first: every row is compared with it.
+    assert [(r["parallel"], r["gpus"]) for r in rows] == [("ddp", 1), ("fsdp", 1), ("fsdp", 2)]
     assert all(r["tokens_per_s"] > 0 and 0 < r["final_loss"] < 10 for r in rows)
-    assert rows[0]["scaling_efficiency"] == 1.0 and rows[1]["scaling_efficiency"] > 0
+    assert rows[1]["scaling_efficiency"] == 1.0 and rows[2]["scaling_efficiency"] > 0
+    assert rows[0]["per_gpu_vs_plain"] == 1.0
+    assert rows[2]["per_gpu_vs_plain"] == round(rows[2]["tokens_per_s_per_gpu"] / rows[0]["tokens_per_s"], 3)
     assert "| fsdp | 2 |" in out.with_suffix(".md").read_text()
-    for r in ("fsdp-1gpu", "fsdp-2gpu"):
+    for r in ("ddp-1gpu", "fsdp-1gpu", "fsdp-2gpu"):
         assert (work / "runs" / r / "metrics.jsonl").exists()
         assert not (work / "runs" / r / "checkpoints").exists()
