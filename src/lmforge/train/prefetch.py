@@ -2,8 +2,8 @@
 the host never makes the GPU wait for data: the step copies them with `non_blocking=True`.
 
 A thread shares the training thread's GIL: while it builds a batch (masking, span corruption: many small tensor
-operations, each holding the GIL), the training thread waits to launch its kernels, which costs a loop bound by
-kernel launches a fifth of its speed. A worker process (`process=True`, forked, so the source needs no pickling)
+operations, each holding the GIL), the training thread waits to launch its kernels, which slows a loop bound by
+kernel launches. A worker process (`process=True`, forked, so the source needs no pickling)
 builds them on a core of its own and hands them over through shared memory; the training thread only pins them.
 
 A batch source is an iterator of `Batch`es with `state_dict()` / `load_state_dict()`. The prefetcher records the
