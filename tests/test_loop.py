@@ -48,38 +48,20 @@ def _same(a: Batch, b: Batch) -> bool:
     return a.data.keys() == b.data.keys() and all(torch.equal(a.data[k], b.data[k]) for k in a.data)
 
 
-def test_prefetched_batches_and_states_equal_the_synchronous_ones(prepared):
-    sync, ahead = Prefetcher(_source(prepared), depth=0), Prefetcher(_source(prepared), depth=3)
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "worker-process"])
+def test_prefetched_batches_and_states_equal_the_synchronous_ones(prepared, process):
+    sync, ahead = Prefetcher(_source(prepared), depth=0), Prefetcher(_source(prepared), depth=3, process=process)
     states = []
     for _ in range(25):  # past an epoch end of the loader
         assert _same(next(sync), next(ahead))
         assert sync.state_dict()["loader"] == ahead.state_dict()["loader"]
         assert torch.equal(sync.state_dict()["generator"], ahead.state_dict()["generator"])
         states.append(ahead.state_dict())
+    proc = ahead._process.proc if process else None
     ahead.close()
-    # Resuming from a state taken while the thread was ahead gives exactly the batches that followed it.
-    resumed = Prefetcher(_source(prepared), depth=2)
-    resumed.load_state_dict(states[9])
-    replay = Prefetcher(_source(prepared), depth=0)
-    for _ in range(10):
-        next(replay)
-    for _ in range(8):
-        assert _same(next(resumed), next(replay))
-    resumed.close()
-
-
-def test_a_worker_process_gives_the_synchronous_batches_and_states(prepared):
-    sync, ahead = Prefetcher(_source(prepared), depth=0), Prefetcher(_source(prepared), depth=3, process=True)
-    states = []
-    for _ in range(25):  # past an epoch end of the loader
-        assert _same(next(sync), next(ahead))
-        assert sync.state_dict()["loader"] == ahead.state_dict()["loader"]
-        assert torch.equal(sync.state_dict()["generator"], ahead.state_dict()["generator"])
-        states.append(ahead.state_dict())
-    proc = ahead._process.proc
-    ahead.close()
-    assert not proc.is_alive()
-    resumed = Prefetcher(_source(prepared), depth=2, process=True)
+    assert proc is None or not proc.is_alive()
+    # Resuming from a state taken while the prefetcher was ahead gives exactly the batches that followed it.
+    resumed = Prefetcher(_source(prepared), depth=2, process=process)
     resumed.load_state_dict(states[9])
     replay = Prefetcher(_source(prepared), depth=0)
     for _ in range(10):
@@ -97,9 +79,10 @@ class _Broken:
         return {}
 
 
-def test_an_error_in_the_worker_process_reaches_the_training_step():
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "worker-process"])
+def test_an_error_in_the_source_reaches_the_training_step(process):
     with pytest.raises(ValueError, match="bad row"):
-        next(Prefetcher(_Broken(), depth=2, process=True))
+        next(Prefetcher(_Broken(), depth=2, process=process))
 
 
 class _Dies:
@@ -150,18 +133,6 @@ def _alive(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat")  # a zombie (exited, not yet reaped by init) counts as ended
     return not (state.exists() and state.read_text().split(") ")[-1].startswith("Z"))
-
-
-def test_an_error_in_the_prefetch_thread_reaches_the_training_step():
-    class Broken:
-        def __next__(self):
-            raise ValueError("bad row")
-
-        def state_dict(self):
-            return {}
-
-    with pytest.raises(ValueError, match="bad row"):
-        next(Prefetcher(Broken(), depth=2))
 
 
 class _Poisoned:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import atexit
 from contextlib import AbstractContextManager, nullcontext
-from functools import wraps
+from functools import cache, wraps
 from typing import Any
 
 import torch
@@ -137,25 +137,20 @@ def _checkpoint_forward(block: nn.Module, policy: str = "full") -> None:
     block.forward = checkpointed
 
 
-def _costly_ops() -> set:
+@cache
+def _costly_ops() -> frozenset:
     aten = torch.ops.aten
     names = ["mm", "addmm", "bmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
              "_flash_attention_forward", "_efficient_attention_forward"]  # fmt: skip
-    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
-
-
-_COSTLY: set | None = None
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
 
 
 def _keep_costly(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     """Selective checkpointing: store the outputs of matrix products and attention, recompute the rest."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    global _COSTLY
-    if _COSTLY is None:
-        _COSTLY = _costly_ops()
-    return CheckpointPolicy.MUST_SAVE if op in _COSTLY else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op in _costly_ops() else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> None:
