@@ -31,8 +31,13 @@ def rows(batch: int, length: int) -> torch.Tensor:
 def real(batch: dict, key: str, b: int) -> list[int]:
     """Row b of input_ids or labels without padding."""
     if key == "input_ids":
-        return batch[key][b][batch["attention_mask"][b].bool()].tolist()
+        return [t for t, ok in zip(batch[key][b].tolist(), src_mask(batch)[b].tolist()) if ok]
     return [t for t in batch[key][b].tolist() if t != -100]
+
+
+def src_mask(batch: dict) -> torch.Tensor:
+    """The source padding mask; a batch without one has no padded row."""
+    return batch.get("attention_mask", torch.ones_like(batch["input_ids"]))
 
 
 def reconstruct(inp: list[int], tgt: list[int], sentinels: set[int], eos: int) -> list[int]:
@@ -176,6 +181,20 @@ def test_decoder_inputs_are_the_targets_shifted_behind_the_start_token():
     lengths = ok.sum(1)
     assert len(set(lengths.tolist())) > 1  # i.i.d. noise: ragged targets, padded with -100
     assert labels[torch.arange(16), lengths - 1].tolist() == [obj.eos_id] * 16
+
+
+def test_source_mask_only_when_a_row_is_padded_and_the_loss_is_the_same_without_it():
+    """Span corruption makes rows of one length: no attention_mask, so cross-attention can run unmasked; the loss
+    equals that of the same batch with an all-ones mask. Ragged styles (drop) keep their mask."""
+    torch.manual_seed(2)
+    obj = t5("span")
+    batch = obj.transform(rows(4, 64))
+    assert "attention_mask" not in batch
+    assert "attention_mask" in t5("drop").transform(rows(4, 64))
+    torch.manual_seed(0)
+    model = Transformer(obj.cfg.model)
+    masked = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+    torch.testing.assert_close(obj.loss(model, batch).loss, obj.loss(model, masked).loss)
 
 
 def test_bad_setups_give_one_clear_error():

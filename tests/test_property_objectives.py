@@ -219,7 +219,8 @@ def t5_targets(obj, tokens, batch):
         original = x[row].tolist()
         if sentinels & set(original):
             continue  # a sentinel inside the text makes the reconstruction ambiguous
-        src = [t for t, m in zip(batch["input_ids"][row].tolist(), batch["attention_mask"][row].tolist()) if m]
+        mask = batch.get("attention_mask", torch.ones_like(batch["input_ids"]))  # none: no row is padded
+        src = [t for t, m in zip(batch["input_ids"][row].tolist(), mask[row].tolist()) if m]
         tgt = [t for t in batch["labels"][row].tolist() if t != IGNORE]
         assert src[-1] == obj.eos_id and tgt[-1] == obj.eos_id
         spans, current = {}, None

@@ -70,23 +70,21 @@ def seq2seq_batch(
     """Teacher-forced encoder-decoder batch from padded source/target rows and their lengths.
 
     decoder_input_ids = target shifted right behind `start_id` (T5: pad, BART: </s>); labels = target, -100 on
-    padding. The decoder needs no padding mask: padding is at the end of each row, behind the causal mask."""
+    padding. The decoder needs no padding mask: padding is at the end of each row, behind the causal mask.
+    attention_mask only when a source row is padded: without it, cross-attention runs unmasked (flash attention
+    on GPU), which matters for T5's span corruption, whose rows all have one length."""
     src_ok = lengths_mask(src_len, src.shape[1])
     tgt_ok = lengths_mask(tgt_len, tgt.shape[1])
     labels = tgt.masked_fill(~tgt_ok, IGNORE)
     dec_in = torch.cat([tgt.new_full((tgt.shape[0], 1), start_id), tgt[:, :-1]], dim=1)
     dec_in = dec_in.masked_fill(~lengths_mask(tgt_len + 1, tgt.shape[1]), pad_id)
-    return {
-        "input_ids": src.masked_fill(~src_ok, pad_id),
-        "attention_mask": src_ok.long(),
-        "decoder_input_ids": dec_in,
-        "labels": labels,
-    }
+    out = {"input_ids": src.masked_fill(~src_ok, pad_id), "decoder_input_ids": dec_in, "labels": labels}
+    return out if bool(src_ok.all()) else {**out, "attention_mask": src_ok.long()}
 
 
 def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
     """Mean cross-entropy of the decoder's predictions over the non-padding labels."""
-    out = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=batch["decoder_input_ids"])
+    out = model(batch["input_ids"], batch.get("attention_mask"), decoder_input_ids=batch["decoder_input_ids"])
     labels = batch["labels"]
     loss = cross_entropy(out.logits, labels, IGNORE)
     return LossOutput(loss, (labels != IGNORE).sum())
