@@ -45,8 +45,8 @@ class _Pending:
     losses: list[Tensor] = field(default_factory=list)
     norms: list[Tensor] = field(default_factory=list)
     bad: list[Tensor] = field(default_factory=list)
-    """1.0 for a skipped step (non-finite loss or gradient norm), 2.0 for an update that made the weights
-    non-finite."""
+    """1.0 for a skipped step (non-finite loss or gradient norm), else 0.0 (`_read` marks an update that made the
+    weights non-finite with 2.0)."""
 
 
 class LossStep(nn.Module):
@@ -222,14 +222,6 @@ class Loop:
             from lmforge.train.float8 import precompute_scales  # float8 all-gathers need the new weights' scales
 
             precompute_scales(self.raw)
-        # A finite gradient can still overflow the weights (a huge lr): such a step is non-finite too, so the run
-        # never counts its checkpoint as the last good one.
-        if self.nonfinite_params is None:
-            self.nonfinite_params = parallel.NonfiniteParams(self.params)
-        overflow = self.nonfinite_params.check(loss.device)
-        if self.dist.enabled:
-            torch.distributed.all_reduce(overflow, op=torch.distributed.ReduceOp.MAX)
-        bad = torch.maximum(bad, 2.0 * overflow)
         self.optimizer.zero_grad()
         self.schedule.step()
         self.step += 1
@@ -243,7 +235,12 @@ class Loop:
 
     def _read(self) -> tuple[list[float], float | None]:
         """Read the pending steps' values (one device sync), handle non-finite steps and spikes → (losses of the
-        finite steps, last grad norm)."""
+        finite steps, last grad norm).
+
+        A finite gradient can still overflow the weights (a huge lr). The weights are checked here, once per read
+        rather than after every step (a read comes before every checkpoint, so no checkpoint is written in between):
+        when they hold NaN or infinity, the last step whose loss and gradient were finite made them so (the steps
+        after it see non-finite losses), and it is marked as such, so the run never counts its checkpoint good."""
         p, self.pending = self.pending, _Pending()
         if not p.steps:
             return [], None
@@ -251,7 +248,16 @@ class Loop:
         if self.dist.enabled:
             torch.distributed.all_reduce(loss)
             loss /= self.dist.world_size
-        values = torch.stack([loss, torch.stack(p.norms), torch.stack(p.bad)]).tolist()
+        if self.nonfinite_params is None:
+            self.nonfinite_params = parallel.NonfiniteParams(self.params)
+        overflow = self.nonfinite_params.check(loss.device)
+        if self.dist.enabled:
+            torch.distributed.all_reduce(overflow, op=torch.distributed.ReduceOp.MAX)
+        rows = [loss, torch.stack(p.norms), torch.stack(p.bad), overflow.expand(len(p.steps))]
+        *values, (overflowed, *_) = torch.stack(rows).tolist()
+        finite = [i for i, bad in enumerate(values[2]) if not bad]
+        if overflowed and finite:
+            values[2][finite[-1]] = 2.0
         kept = []
         for step, lv, gn, bad in zip(p.steps, *values):
             if bad:
