@@ -137,12 +137,15 @@ def test_a_worker_process_builds_the_same_batches_as_a_thread(prepared, tmp_path
                       *common, cwd=tmp_path)  # fmt: skip
         assert res.returncode == 0, res.stderr
         losses[worker] = [r["loss"] for r in metrics(run) if "loss" in r]
-    assert len(losses["process"]) == 8 and losses["process"] == losses["thread"]
+    # Equal to 1e-4: two CPU processes are not always bitwise alike here (2e-5 at one step in about one run of
+    # seven, also without the worker), while another batch moves the loss by 1e-2 and more.
+    assert len(losses["process"]) == 8 and losses["process"] == pytest.approx(losses["thread"], abs=1e-4)
     shutil.rmtree(tmp_path / "process" / "checkpoints" / "step_8")
     res = run_cli("pretrain", "prefix-lm", f"--run.dir={tmp_path / 'process'}", "--train.prefetch_worker=process",
                   "--resume", *common, cwd=tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert [r["loss"] for r in metrics(tmp_path / "process") if "loss" in r] == losses["thread"]
+    resumed = [r["loss"] for r in metrics(tmp_path / "process") if "loss" in r]
+    assert resumed == pytest.approx(losses["thread"], abs=1e-4)
     bad = ["--train.prefetch_worker=process", "--train.time_budget=60", "--train.seq_len_schedule=[[0.0,32],[0.5,64]]"]
     res = run_cli("pretrain", "prefix-lm", f"--run.dir={tmp_path / 'bad'}", *common, *bad,
                   cwd=tmp_path)  # fmt: skip
