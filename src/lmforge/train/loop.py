@@ -200,19 +200,20 @@ class Loop:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs may be reused
         data = {k: v.to(self.device, non_blocking=True) for k, v in batch.data.items()}
+        scale = batch.weight / self.cfg.grad_accum
         with parallel.no_sync(self.model, last):
             with self.autocast:
                 loss, self.parts = self.step_fn(data)
-            (loss * (batch.weight / self.cfg.grad_accum)).backward()
-        return loss.detach() * batch.weight
+            (loss if scale == 1 else loss * scale).backward()  # a launch fewer per step where it is 1
+        return loss.detach() if batch.weight == 1 else loss.detach() * batch.weight
 
     def train_step(self) -> None:
         """One optimizer step over grad_accum micro-batches; its loss, norm and finiteness stay on the device."""
         c = self.cfg
         losses = [self._micro_step(next(self.batches), i == c.grad_accum - 1) for i in range(c.grad_accum)]
-        loss = torch.stack(losses).mean()
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         gnorm = parallel.grad_norm(self.params, loss.device)  # over every rank's shards
-        bad = (~(torch.isfinite(loss) & torch.isfinite(gnorm))).float()
+        bad = (~torch.isfinite(loss.float() + gnorm)).float()  # either non-finite makes the sum so
         if self.dist.enabled:  # every rank must skip the same steps, or their weights would drift apart
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
         # Clipping happens inside the optimizer step (fused AdamW divides each gradient as it reads it), which
@@ -228,7 +229,7 @@ class Loop:
         p = self.pending
         p.steps.append(self.step)
         p.losses.append(loss)
-        p.norms.append(gnorm.detach().float())
+        p.norms.append(gnorm)
         p.bad.append(bad)
 
     # --- reading back ---------------------------------------------------------------------------------------------

@@ -254,10 +254,14 @@ def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
         squares = local.to(device) ** 2
         dist.all_reduce(squares)
         return squares.sqrt()
+    if not is_dtensor(grads[0]) and all(g.device == device and g.dtype == grads[0].dtype for g in grads):
+        # One multi-tensor kernel, then the norm of the per-tensor norms: what get_total_norm does, less its
+        # per-tensor Python (a loop bound by kernel launches pays for every call).
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0))).float()
     norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
     if is_dtensor(norm):
         norm = norm.full_tensor()
-    return norm.to(device, non_blocking=True)
+    return norm.float().to(device, non_blocking=True)
 
 
 class NonfiniteParams:
