@@ -132,6 +132,10 @@ class LoopConfig:
     """parallel=fsdp: free each block's gathered weights after its forward (always: least memory, one more
     all-gather per block in backward) or keep them until backward (never: like ZeRO-2). auto = never when the
     whole model's bf16 weights take under a tenth of a GPU's memory, else always."""
+    fsdp_unit_blocks: PosInt = 1
+    """parallel=fsdp: consecutive blocks of one stack that share an FSDP unit (one all-gather and one
+    reduce-scatter for all of them). Fewer units mean fewer per-unit hooks on the host, which a small model's step
+    can be bound by; larger units hold more gathered weights at a time and overlap less communication."""
     async_save: bool = False
     """parallel=fsdp: write checkpoints in a background thread once they are copied to CPU memory; training goes on
     meanwhile and a checkpoint appears (manifest last) when its files are on disk."""

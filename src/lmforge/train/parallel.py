@@ -36,6 +36,8 @@ def check_parallel(cfg: LoopConfig) -> None:
     for key in ("cpu_offload", "async_save"):
         if getattr(cfg, key, False) and cfg.parallel != "fsdp":
             raise LMForgeError(f"train.{key} needs train.parallel=fsdp (it is {cfg.parallel})")
+    if cfg.fsdp_unit_blocks != 1 and cfg.parallel != "fsdp":
+        raise LMForgeError(f"train.fsdp_unit_blocks needs train.parallel=fsdp (it is {cfg.parallel})")
     if cfg.parallel == "fsdp" and cfg.compile and cfg.compile_mode == "reduce-overhead":
         # CUDA graphs replay fixed addresses; FSDP gathers each block's weights into freshly allocated memory.
         raise LMForgeError("train.compile_mode=reduce-overhead (CUDA graphs) does not work with train.parallel=fsdp")
@@ -166,18 +168,33 @@ def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.
     if device.type == "cuda" and cfg.precision != "fp32" and torch.cuda.is_bf16_supported():
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
-    units = shard_units(model)
+    groups = unit_groups(model, cfg.fsdp_unit_blocks)
     reshard = reshards_after_forward(model, cfg, device)
-    for i, unit in enumerate(units):
-        # The last block's weights are needed again first in backward: keeping them saves one all-gather.
-        last = i == len(units) - 1
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard and not last, mp_policy=mp, offload_policy=offload)
+    for i, group in enumerate(groups):
+        # The last unit's weights are needed again first in backward: keeping them saves one all-gather.
+        last = i == len(groups) - 1
+        fully_shard(group if len(group) > 1 else group[0], mesh=mesh, reshard_after_forward=reshard and not last,
+                    mp_policy=mp, offload_policy=offload)  # fmt: skip
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
     # Each unit's all-gather is issued while the unit before it (forward) or after it (backward) computes, rather
-    # than when the unit's own hooks run.
-    for before, after in zip(units, units[1:]):
+    # than when the unit's own hooks run (the modules of one unit share its state).
+    heads = [group[0] for group in groups]
+    for before, after in zip(heads, heads[1:]):
         before.set_modules_to_forward_prefetch([after])
         after.set_modules_to_backward_prefetch([before])
+
+
+def unit_groups(model: nn.Module, per_unit: int) -> list[list[nn.Module]]:
+    """`shard_units` in runs of up to `per_unit` consecutive blocks of one stack, each run one FSDP unit."""
+    stack_of = {id(b): id(s) for s in model.modules() if isinstance(s, Stack) for b in s.blocks}
+    groups: list[list[nn.Module]] = []
+    for unit in shard_units(model):
+        last, stack = (groups[-1] if groups else None), stack_of.get(id(unit))
+        if last and len(last) < per_unit and stack is not None and stack == stack_of.get(id(last[0])):
+            last.append(unit)
+        else:
+            groups.append([unit])
+    return groups
 
 
 def reshards_after_forward(model: nn.Module, cfg: LoopConfig, device: torch.device) -> bool:
