@@ -61,7 +61,7 @@ def test_one_batch_is_overfit(case):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
     losses = []
-    for _ in range(30):
+    for _ in range(60):  # the tiny tokenizers train differently per process: at 30 steps one in ~25 stayed above
         out = task.loss(model, batch)
         out.loss.backward()
         opt.step()
