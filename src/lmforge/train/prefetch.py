@@ -60,6 +60,16 @@ def pin(batch: Batch) -> Batch:
 _DONE = object()
 
 
+def _offer(q: queue.Queue, item: Any, stop: threading.Event) -> None:
+    """Put `item` on `q`, waiting while it is full, unless `stop` is set (the consumer is gone)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
 class Prefetcher:
     """Iterates `source` through a queue of `depth` batches filled by a daemon thread, or a worker process with
     process=True (depth 0: neither). The source must not depend on anything the training thread changes after the
@@ -85,12 +95,7 @@ class Prefetcher:
             self._put((_DONE, e))
 
     def _put(self, item: Any) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        _offer(self._queue, item, self._stop)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -175,12 +180,7 @@ class _Worker:
             self._put((None, e))
 
     def _put(self, item: Any) -> None:
-        while not self.stop.is_set():
-            try:
-                self.ready.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        _offer(self.ready, item, self.stop)
 
     def next(self) -> tuple[Batch, dict]:
         if not self.started:
