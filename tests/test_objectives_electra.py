@@ -104,6 +104,25 @@ def test_loss_is_mlm_plus_weighted_disc_and_sampling_blocks_gradients(tok, batch
     assert model.discriminator.tok_emb.weight.grad.abs().sum() > 0
 
 
+def test_the_batch_index_and_padding_weights_give_the_boolean_selection(tok, batch):
+    """The loss gathers the masked positions through the batch's `mlm_index` (no device sync) and weights padding
+    out; it equals the discriminator loss over the real tokens of the model run without the index."""
+    obj, model = build(tok)
+    assert "mlm_index" in batch
+    mask = torch.ones_like(batch["input_ids"])
+    mask[:, -7:] = 0
+    padded = {**batch, "attention_mask": mask}
+    torch.manual_seed(3)
+    out = obj.loss(model, padded)
+    torch.manual_seed(3)
+    res = model(batch["input_ids"], batch["labels"], mask)  # positions found on the device
+    real = mask.bool()
+    want = torch.nn.functional.binary_cross_entropy_with_logits(res.rtd_logits[real], res.replaced[real].float())
+    torch.testing.assert_close(out.metrics["disc_loss"], want)
+    torch.testing.assert_close(out.metrics["replaced_frac"], res.replaced[real].float().mean())
+    assert int(out.n_tokens) == int(real.sum())
+
+
 def test_overfits_one_batch(tok, batch, one_thread):  # noqa: F811
     obj, model = build(tok)
     losses = overfit(model, obj, batch, steps=40, lr=3e-3)

@@ -51,7 +51,9 @@ class ElectraOptions:
 @dataclass
 class ElectraOutput:
     gen_logits: Tensor
-    """(N, V) generator logits at the N masked positions."""
+    """(N, V) generator logits at the N masked positions (row-major order)."""
+    gen_labels: Tensor
+    """(N,) the original tokens there."""
     rtd_logits: Tensor
     """(B, T) discriminator logits, > 0 = "replaced"."""
     replaced: Tensor
@@ -85,18 +87,22 @@ class ElectraModel(nn.Module):
 
     def forward(
         self, input_ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
+        token_type_ids: Tensor | None = None, index: Tensor | None = None,
     ) -> ElectraOutput:  # fmt: skip
-        sel = labels != M.IGNORE  # (B, T)
+        """index: the flat positions of the labelled tokens (the batch's `mlm_index`, found on the CPU when it was
+        made); without it they are found here, which waits for the device."""
+        if index is None:
+            index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
         h = self.generator(input_ids, attention_mask, token_type_ids=token_type_ids, return_logits=False)
-        gen_logits = self.generator.logits(h.last_hidden_state[sel])  # (N, V)
-        original = torch.where(sel, labels, input_ids)
+        gen_logits = self.generator.logits(h.last_hidden_state.flatten(0, 1).index_select(0, index))  # (N, V)
+        original = torch.where(labels != M.IGNORE, labels, input_ids)
+        gen_labels = original.flatten().index_select(0, index)
         with torch.no_grad():
             probs = torch.softmax(gen_logits.detach().float(), -1)
-            sampled = torch.multinomial(probs, 1).squeeze(-1) if len(probs) else original[sel]
-        corrupted = original.masked_scatter(sel, sampled)
+            sampled = torch.multinomial(probs, 1).squeeze(-1) if len(probs) else gen_labels
+        corrupted = original.flatten().index_copy(0, index, sampled).view_as(original)
         out = self.discriminator(corrupted, attention_mask, token_type_ids=token_type_ids, return_logits=False)
-        return ElectraOutput(gen_logits, out.rtd_logits, corrupted != original)
+        return ElectraOutput(gen_logits, gen_labels, out.rtd_logits, corrupted != original)
 
 
 def generator_config(disc: ModelConfig, scale: float, preset: str | None) -> ModelConfig:
@@ -152,17 +158,19 @@ class Electra(MaskedObjective):
         return disc + training_flops(gen, T) - 6.0 * lm_head_weights(gen) * T * (1.0 - o.mask_rate)
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        labels = batch["labels"]
-        out: ElectraOutput = model(batch["input_ids"], labels, batch.get("attention_mask"), batch.get("token_type_ids"))
-        sel = labels != M.IGNORE
-        n_masked = int(sel.sum())
-        mlm = F.cross_entropy(out.gen_logits.float(), labels[sel]) if n_masked else out.gen_logits.sum() * 0.0
+        out: ElectraOutput = model(batch["input_ids"], batch["labels"], batch.get("attention_mask"),
+                                   batch.get("token_type_ids"), batch.get("mlm_index"))  # fmt: skip
+        labelled = len(out.gen_labels)  # known on the host: the index came with the batch
+        mlm = F.cross_entropy(out.gen_logits.float(), out.gen_labels) if labelled else out.gen_logits.sum() * 0.0
         # §2: the discriminator scores every (non-padding) token; a sample equal to the original counts as real.
-        real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(sel)
-        logits, target = out.rtd_logits.float()[real], out.replaced[real].float()
-        disc = F.binary_cross_entropy_with_logits(logits, target)
+        # Means weighted by the padding mask rather than boolean indexing, which would wait for the device.
+        logits, target = out.rtd_logits.float(), out.replaced.float()
+        real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(out.replaced)
+        weight, n_real = real.float(), real.sum()
+        disc = (F.binary_cross_entropy_with_logits(logits, target, reduction="none") * weight).sum() / n_real
         metrics = {  # tensors: the loop reads them back on log steps only
             "mlm_loss": mlm.detach(), "disc_loss": disc.detach(),
-            "disc_acc": ((logits > 0).float() == target).float().mean(), "replaced_frac": target.mean(),
+            "disc_acc": (((logits > 0).float() == target).float() * weight).sum() / n_real,
+            "replaced_frac": (target * weight).sum() / n_real,
         }  # fmt: skip
-        return LossOutput(mlm + self.options.disc_weight * disc, real.sum(), metrics)
+        return LossOutput(mlm + self.options.disc_weight * disc, n_real, metrics)
