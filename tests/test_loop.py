@@ -4,7 +4,6 @@ itself."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from lm_objective_testing import TINY_DECODER, objective
+from training_testing import no_device_reads
 
 from lmforge.data import TokenLoader
 from lmforge.errors import LMForgeError
@@ -161,24 +161,6 @@ def _loss(model, batch) -> LossOutput:
     return LossOutput(loss * batch["scale"], batch["ids"][:, 1:].numel())
 
 
-@contextlib.contextmanager
-def _no_device_reads():
-    """Fail on every way a tensor's value reaches Python (each one waits for the device on a GPU)."""
-    names = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__")
-    saved = {n: getattr(torch.Tensor, n) for n in names}
-
-    def refuse(self, *a, **k):
-        raise AssertionError("a training step read a tensor value back")
-
-    try:
-        for n in names:
-            setattr(torch.Tensor, n, refuse)
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(torch.Tensor, n, f)
-
-
 def test_a_step_reads_nothing_back_and_skips_nonfinite_updates_on_the_device(tmp_path):
     cfg = TrainConfig(max_steps=8, warmup_steps=0, lr=1e-2, log_every=8, prefetch=0, grad_clip=1.0)
     torch.manual_seed(0)
@@ -187,7 +169,7 @@ def test_a_step_reads_nothing_back_and_skips_nonfinite_updates_on_the_device(tmp
         loop = Loop(model, _loss, _Poisoned({2, 3}), cfg, tmp_path, LoopSpec(saved=lambda: Saved(model, {})),
                     dist=DistInfo(), device=torch.device("cpu"), log=log)  # fmt: skip
         weights = [{k: v.clone() for k, v in model.state_dict().items()}]
-        with _no_device_reads():
+        with no_device_reads():
             for _ in range(4):
                 loop.train_step()
                 weights.append({k: v.clone() for k, v in model.state_dict().items()})

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from encoder_testing import objective, one_thread, overfit, tiny_encoder, tokenizer, windows  # noqa: F401
+from training_testing import no_device_reads
 
 from lmforge.errors import LMForgeError
 from lmforge.models import get_preset
@@ -121,6 +122,8 @@ def test_the_batch_index_and_padding_weights_give_the_boolean_selection(tok, bat
     torch.testing.assert_close(out.metrics["disc_loss"], want)
     torch.testing.assert_close(out.metrics["replaced_frac"], res.replaced[real].float().mean())
     assert int(out.n_tokens) == int(real.sum())
+    with no_device_reads():  # nothing in the loss waits for the device
+        obj.loss(model, padded).loss.backward()
 
 
 def test_overfits_one_batch(tok, batch, one_thread):  # noqa: F811

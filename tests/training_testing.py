@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -47,3 +48,29 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
         rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+@contextlib.contextmanager
+def no_device_reads():
+    """Fail on every way a tensor's value reaches Python, and on indexing with a boolean mask (its shape depends on
+    the values): each one waits for the device on a GPU."""
+    names = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero")
+    saved = {n: getattr(torch.Tensor, n) for n in [*names, "__getitem__"]}
+
+    def refuse(self, *a, **k):
+        raise AssertionError("a training step read a tensor value back")
+
+    def getitem(self, key):
+        keys = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys):
+            raise AssertionError("a training step indexed with a boolean mask")
+        return saved["__getitem__"](self, key)
+
+    try:
+        for n in names:
+            setattr(torch.Tensor, n, refuse)
+        torch.Tensor.__getitem__ = getitem
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
