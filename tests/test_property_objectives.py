@@ -21,6 +21,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from training_testing import no_device_reads
 
 from lmforge.config import RECIPES_DIR, read_yaml
 from lmforge.data import load_default_corpus
@@ -286,6 +287,30 @@ def test_objective_transform_holds_for_any_token_stream(name):
 
     prop()
     assert len(ran) >= SETTINGS.max_examples // 3, "most streams were refused: the property was hardly tested"
+
+
+# Objectives whose loss still reads values back, and why (strict: the mark must go once it is fixed).
+SYNCS = {"unilm": "its cloze positions, per-kind metrics and NSP rows are found and read on the device"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=SYNCS[n])) if n in SYNCS else n
+             for n in OBJECTIVES.names()],
+)  # fmt: skip
+def test_a_training_loss_never_waits_for_the_device(name, tmp_path):
+    """A training batch's loss and backward read no value back and index with no boolean mask: on a GPU each would
+    stall the step. The positions a loss gathers come with the batch, found on the CPU."""
+    obj, model, tok = setup(name, SEQ_LENS[-1])
+    rng = np.random.default_rng(0)
+    ordinary = ordinary_ids(tok).numpy()
+    docs = [rng.choice(ordinary, 120).tolist() for _ in range(12)]
+    batch = obj.transform(next(obj.make_loader(write_prepared(tmp_path, docs, tok.vocab_size, tok.eos_id), "train")))
+    model.train()
+    try:
+        with no_device_reads():
+            obj.loss(model, batch).loss.backward()
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def same(a, b) -> bool:

@@ -101,19 +101,22 @@ class MAELMModel(nn.Module):
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, labels: Tensor,
-        decoder_attention_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None, index: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
         """input_ids, attention_mask, position_ids: (B, T') the unmasked tokens, right-padded, with their original
         positions; labels: (B, T) the original token at masked positions, IGNORE elsewhere → (N, V) logits of the
-        N masked positions, in row-major order."""
+        N masked positions, in row-major order. index: their flat positions (the batch's `mlm_index`, found on the
+        CPU); without it they are found here, which waits for the device."""
         masked = labels != M.IGNORE  # (B, T)
+        if index is None:
+            index = masked.flatten().nonzero().squeeze(1)
         cfg = self.config
         cfg.check_length(masked.shape[1])  # checked on Python ints
         h = self.encoder(input_ids, attention_mask, position_ids=position_ids, return_logits=False)
         x = self.decoder_inputs(h.last_hidden_state, position_ids, attention_mask.bool(), masked)
         pos = torch.arange(masked.shape[1], device=x.device)
         out = self.decoder.encoder(x, pos, key_padding=decoder_attention_mask)  # (B, T, d)
-        return self.decoder.logits(out[masked])
+        return self.decoder.logits(out.flatten(0, 1).index_select(0, index))
 
 
 @OBJECTIVES.register("mae-lm")
@@ -181,14 +184,17 @@ class MAELM(MaskedObjective):
         }
         if "attention_mask" in batch:
             out["decoder_attention_mask"] = batch["attention_mask"]
+        out["mlm_index"] = (out["labels"] != M.IGNORE).flatten().nonzero().squeeze(1)  # see MaskedObjective.mask
         return out
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        labels = batch["labels"]
+        labels, index = batch["labels"], batch.get("mlm_index")
+        if index is None:
+            index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
         args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], labels)
-        logits = model(*args, batch.get("decoder_attention_mask"))  # (N, V): the masked positions only
-        target = labels[labels != M.IGNORE]
-        n = int(target.numel())
+        logits = model(*args, batch.get("decoder_attention_mask"), index)  # (N, V): the masked positions only
+        target = labels.flatten().index_select(0, index)
+        n = len(index)  # known on the host
         if n == 0:  # nothing selected: a zero loss that keeps the graph
             return LossOutput(logits.sum() * 0.0, 0, {"mlm_acc": 0.0})
         loss = cross_entropy(logits, target)
