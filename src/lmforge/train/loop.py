@@ -106,8 +106,6 @@ class Loop:
 
             self.sharded = ShardedCheckpoints(dist, cfg.async_save)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.nonfinite_params: parallel.NonfiniteParams | None = None  # after the first forward: FSDP's lazy
-        # initialisation may give a sharded parameter a new local tensor
         self.optimizer = build_optimizer(model, cfg, device)
         self.schedule = Schedule(self.optimizer, cfg, cfg.max_steps)
         self.total = cfg.max_steps  # planned steps: max_steps, or what the time budget allows
@@ -249,9 +247,7 @@ class Loop:
         if self.dist.enabled:
             torch.distributed.all_reduce(loss)
             loss /= self.dist.world_size
-        if self.nonfinite_params is None:
-            self.nonfinite_params = parallel.NonfiniteParams(self.params)
-        overflow = self.nonfinite_params.check(loss.device)
+        overflow = parallel.nonfinite_params(self.params, loss.device)
         if self.dist.enabled:
             torch.distributed.all_reduce(overflow, op=torch.distributed.ReduceOp.MAX)
         rows = [loss, torch.stack(p.norms), torch.stack(p.bad), overflow.expand(len(p.steps))]

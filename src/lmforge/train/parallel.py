@@ -281,27 +281,15 @@ def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
     return norm.float().to(device, non_blocking=True)
 
 
-class NonfiniteParams:
-    """`check(device)`: 1.0 on `device` where this rank's part of any of `params` holds NaN or infinity, else 0.0 (a
-    0-d tensor; no sync). After an optimizer step it catches an update that overflowed finite gradients into the
-    weights. The largest |value| cannot overflow where a sum of squares could; a NaN propagates through it.
-
-    The parameters' local parts are gathered once, by dtype: optimizer steps and checkpoint loads write into them in
-    place, and a loop bound by kernel launches would otherwise pay a Python call per parameter at every step."""
-
-    def __init__(self, params: list[Tensor]) -> None:
-        groups: dict[torch.dtype, list[Tensor]] = {}
-        for p in params:
-            t = local(p).detach()
-            groups.setdefault(t.dtype, []).append(t)
-        self.groups = list(groups.values())
-
-    def check(self, device: torch.device) -> Tensor:
-        if not self.groups:
-            return torch.zeros((), device=device)
-        peaks = [torch.stack(torch._foreach_norm(g, float("inf"))).max() for g in self.groups]
-        peak = peaks[0] if len(peaks) == 1 else torch.stack([m.float() for m in peaks]).max()
-        return (~torch.isfinite(peak)).float().to(device, non_blocking=True)  # one copy where params are offloaded
+def nonfinite_params(params: list[Tensor], device: torch.device) -> Tensor:
+    """1.0 on `device` where this rank's part of any parameter holds NaN or infinity, else 0.0 (a 0-d tensor; no
+    sync). After optimizer steps it catches an update that overflowed finite gradients into the weights. The
+    largest |value| cannot overflow where a sum of squares could; a NaN propagates through it."""
+    tensors = [local(p).detach() for p in params]
+    if not tensors:
+        return torch.zeros((), device=device)
+    peak = torch.stack([m.float() for m in torch._foreach_norm(tensors, float("inf"))]).max()
+    return (~torch.isfinite(peak)).float().to(device, non_blocking=True)  # one copy where params are offloaded
 
 
 def clip_scale(norm: Tensor, max_norm: float) -> Tensor | None:

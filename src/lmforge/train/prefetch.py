@@ -4,8 +4,8 @@ the host never makes the GPU wait for data: the step copies them with `non_block
 A thread shares the training thread's GIL: while it builds a batch (masking, span corruption: many small tensor
 operations, each holding the GIL), the training thread waits to launch its kernels, which slows a loop bound by
 kernel launches. A worker process (`process=True`, forked, so the source needs no pickling) builds them on a core
-of its own and sends them through a pipe as plain arrays; a receiving thread in the training process rebuilds and
-pins them, so the training step only takes a ready batch off a local queue. (Tensors sent as themselves would be
+of its own and sends them through a pipe as plain arrays; the prefetch thread then only receives, rebuilds and pins
+them, and the training step takes a ready batch off its queue. (Tensors sent as themselves would be
 shared memory passed by file descriptor: about 3 ms per four-tensor batch on the receiving side, 2-core CPU host,
 against 0.7 ms for the arrays.)
 
@@ -60,20 +60,10 @@ def pin(batch: Batch) -> Batch:
 _DONE = object()
 
 
-def _offer(q: queue.Queue, item: Any, stop: threading.Event) -> None:
-    """Put `item` on `q`, waiting while it is full, unless `stop` is set (the consumer is gone)."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return
-        except queue.Full:
-            continue
-
-
 class Prefetcher:
-    """Iterates `source` through a queue of `depth` batches filled by a daemon thread, or a worker process with
-    process=True (depth 0: neither). The source must not depend on anything the training thread changes after the
-    first batch: a worker process has its own copy of it from then on."""
+    """Iterates `source` through a queue of `depth` batches filled by a daemon thread (depth 0: no thread), which
+    draws them from `source` itself or, with process=True, receives them from a forked worker process that draws
+    from its own copy. The source must not depend on anything the training thread changes after the first batch."""
 
     def __init__(self, source: BatchSource, depth: int = 2, pin_memory: bool = False, process: bool = False) -> None:
         self.source, self.depth, self.pin_memory = source, depth, pin_memory
@@ -81,11 +71,14 @@ class Prefetcher:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._process = _Worker(self) if process and depth > 0 else None
+        self._process = _Worker(source, depth) if process and depth > 0 else None
 
     def _draw(self) -> tuple[Batch, dict]:
-        batch = next(self.source)
-        return (pin(batch) if self.pin_memory else batch), self.source.state_dict()
+        if self._process is not None:
+            batch, state = self._process.receive(self._stop)
+        else:
+            batch, state = next(self.source), self.source.state_dict()
+        return (pin(batch) if self.pin_memory else batch), state
 
     def _work(self) -> None:
         try:
@@ -95,7 +88,12 @@ class Prefetcher:
             self._put((_DONE, e))
 
     def _put(self, item: Any) -> None:
-        _offer(self._queue, item, self._stop)
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -104,10 +102,9 @@ class Prefetcher:
         if self.depth == 0:
             batch, self._state = self._draw()
             return batch
-        if self._process is not None:
-            batch, self._state = self._process.next()
-            return batch
         if self._thread is None:
+            if self._process is not None:
+                self._process.start()  # forked before the thread exists
             self._thread = threading.Thread(target=self._work, name="lmforge-prefetch", daemon=True)
             self._thread.start()
         batch, state = self._queue.get()
@@ -122,15 +119,14 @@ class Prefetcher:
         return self._state
 
     def load_state_dict(self, state: dict) -> None:
-        if self._thread is not None or (self._process is not None and self._process.started):
+        if self._thread is not None:
             raise RuntimeError("load_state_dict after the prefetch thread started")
         self.source.load_state_dict(state)
         self._state = self.source.state_dict()
 
     def close(self) -> None:
-        """Stop the thread (it may be blocked on a full queue) or the worker process, and drop what it built."""
-        if self._process is not None:
-            self._process.close()
+        """Stop the thread (it may be blocked on a full queue), then the worker process (stopped first, it could
+        leave the thread a half-sent batch to wait on), and drop what they built."""
         self._stop.set()
         if self._thread is not None:
             while self._thread.is_alive():
@@ -139,66 +135,43 @@ class Prefetcher:
                 except queue.Empty:
                     self._thread.join(timeout=0.05)
             self._thread = None
+        if self._process is not None:
+            self._process.close()
 
 
 class _Worker:
     """The forked process behind Prefetcher(process=True): it draws from its copy of the source and sends each batch
-    with the source's state after it; a thread of the training process receives, rebuilds and pins them."""
+    with the source's state after it through a pipe."""
 
-    def __init__(self, owner: Prefetcher) -> None:
-        self.owner, self.started = owner, False
+    def __init__(self, source: BatchSource, depth: int) -> None:
+        self.source, self.depth = source, depth
         self.proc = None
-        self.thread: threading.Thread | None = None
-        self.stop = threading.Event()
-        self.ready: queue.Queue = queue.Queue(maxsize=max(1, owner.depth))
 
-    def _start(self) -> None:
+    def start(self) -> None:
         ctx = torch.multiprocessing.get_context("fork")
-        self.pipe = ctx.Queue(maxsize=max(1, self.owner.depth))
-        self.proc = ctx.Process(target=_serve, args=(self.owner.source, self.pipe), name="lmforge-batches", daemon=True)
-        self.proc.start()  # forked before the receiving thread exists
-        self.thread = threading.Thread(target=self._receive, name="lmforge-receive", daemon=True)
-        self.thread.start()
-        self.started = True
+        self.pipe = ctx.Queue(maxsize=max(1, self.depth))
+        self.proc = ctx.Process(target=_serve, args=(self.source, self.pipe), name="lmforge-batches", daemon=True)
+        self.proc.start()
 
-    def _receive(self) -> None:
-        """Move the worker's batches onto `ready`, rebuilt as (pinned) tensors; an error ends the stream."""
-        try:
-            while not self.stop.is_set():
-                try:
-                    item = self.pipe.get(timeout=0.2)
-                except queue.Empty:
-                    if not self.proc.is_alive():
-                        raise LMForgeError(f"the batch worker process died (exit code {self.proc.exitcode})") from None
-                    continue
-                if item[0] is None:  # the source raised: its error, re-raised in the training thread
-                    self._put(item)
-                    return
-                batch = _from_wire(item[0])
-                self._put((pin(batch) if self.owner.pin_memory else batch, item[1]))
-        except BaseException as e:
-            self._put((None, e))
-
-    def _put(self, item: Any) -> None:
-        _offer(self.ready, item, self.stop)
-
-    def next(self) -> tuple[Batch, dict]:
-        if not self.started:
-            self._start()
-        item = self.ready.get()
-        if item[0] is None:
-            self.close()
-            raise item[1]
-        return item
+    def receive(self, stop: threading.Event) -> tuple[Batch, dict]:
+        """The next batch, rebuilt as tensors, and the source's state after it; the source's error re-raised."""
+        while not stop.is_set():
+            try:
+                batch, state = self.pipe.get(timeout=0.2)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise LMForgeError(f"the batch worker process died (exit code {self.proc.exitcode})") from None
+                continue
+            if batch is None:  # the source raised: its error
+                raise state
+            return _from_wire(batch), state
+        raise LMForgeError("the batch prefetcher was closed")
 
     def close(self) -> None:
-        self.stop.set()
         if self.proc is not None and self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(timeout=5)
-        if self.thread is not None:
-            self.thread.join(timeout=5)
-        self.proc = self.thread = None
+        self.proc = None
 
 
 def _to_wire(batch: Batch) -> Batch:
