@@ -10,8 +10,8 @@ Scaling efficiency on N GPUs = tokens/s on N ÷ (N × tokens/s on 1) of the same
 row's per-GPU tokens/s is also divided by the plain loop's: one process on one GPU, no DDP wrapper or sharding
 (ddp on 1 GPU is that loop; it is run first when the GPU counts or parallelisms asked for leave it out, unless
 --no-plain).
-Tokens/s is the loop's own clock (train/metrics.py: Throughput, evaluation and saving excluded), averaged over the
-log windows after --warmup steps; memory is torch.cuda.max_memory_allocated, the largest over the ranks."""
+Tokens/s is the loop's own clock (train/metrics.py: Throughput, evaluation and saving excluded): all tokens over all
+time of the log windows after --warmup steps; memory is torch.cuda.max_memory_allocated, the largest over the ranks."""
 
 from __future__ import annotations
 
@@ -139,7 +139,11 @@ def run_one(args: argparse.Namespace, parallel: str, n: int, tok: Path, data: Pa
     rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s") and r["step"] >= args.warmup + args.log_every]
     if not rates:  # too few steps for a window after the warmup: every window
         rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
-    out["tokens_per_s"] = round(statistics.mean(rates), 1)
+    # Every window holds the same tokens, so tokens over time is the harmonic mean of the rates (the arithmetic mean
+    # lets one fast window outweigh a slow one); the spread of the windows goes beside it.
+    out["tokens_per_s"] = round(statistics.harmonic_mean(rates), 1)
+    out["window_tokens_per_s"] = {"min": round(min(rates)), "median": round(statistics.median(rates)),
+                                  "max": round(max(rates))}  # fmt: skip
     out["tokens_per_s_per_gpu"] = round(out["tokens_per_s"] / n, 1)
     out["mfu"] = next((r["mfu"] for r in reversed(rows) if r.get("mfu") is not None), None)
     out["final_loss"] = next(r["loss"] for r in reversed(rows) if "loss" in r)

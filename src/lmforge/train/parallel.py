@@ -264,21 +264,28 @@ def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=device)
-    if is_dtensor(grads[0]) and grads[0].device != device:
-        # cpu_offload: the shards are on the CPU, the group's collectives on the GPU. Each element lies in one
-        # shard, so the squares of the local norms add up over the ranks.
-        local = torch.nn.utils.get_total_norm([g.to_local() for g in grads], 2.0, foreach=True)
-        squares = local.to(device) ** 2
+    if is_dtensor(grads[0]) and all(p.is_shard() for p in grads[0].placements):
+        # fsdp shards over one mesh dimension: each element lies in one rank's shard, so the squares of the local
+        # norms add up over the ranks. Computed on the local tensors: DTensor's dispatch of every gradient would
+        # cost milliseconds of host time per step. (Under cpu_offload the shards are on the CPU, the collective on
+        # `device`.)
+        squares = _total_norm([g.to_local() for g in grads]).to(device) ** 2
         dist.all_reduce(squares)
         return squares.sqrt()
-    if not is_dtensor(grads[0]) and all(g.device == device and g.dtype == grads[0].dtype for g in grads):
-        # One multi-tensor kernel, then the norm of the per-tensor norms: what get_total_norm does, less its
-        # per-tensor Python (a loop bound by kernel launches pays for every call).
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0))).float()
-    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    norm = _total_norm(grads)
     if is_dtensor(norm):
         norm = norm.full_tensor()
-    return norm.float().to(device, non_blocking=True)
+    return norm.to(device, non_blocking=True)
+
+
+def _total_norm(tensors: list[Tensor]) -> Tensor:
+    """The 2-norm of all `tensors` together, in fp32."""
+    first = tensors[0]
+    if not is_dtensor(first) and all(t.device == first.device and t.dtype == first.dtype for t in tensors):
+        # One multi-tensor kernel, then the norm of the per-tensor norms: what get_total_norm does, less its
+        # per-tensor Python (a loop bound by kernel launches pays for every call).
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2.0))).float()
+    return torch.nn.utils.get_total_norm(tensors, 2.0, foreach=True).float()
 
 
 def nonfinite_params(params: list[Tensor], device: torch.device) -> Tensor:
