@@ -101,7 +101,7 @@ class Scorer:
         from lmforge import load
 
         model, _ = load(run, device=self.device)
-        loss = evaluate(model, self.objective.loss, self.val, self.autocast)
+        loss, _ = evaluate(model, self.objective.loss, self.val, self.autocast)
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -236,8 +236,11 @@ def electra_loss_fn(disc_weight: float) -> LossFn:
                                   token_type_ids=batch.get("token_type_ids")).logits  # (B, T)  # fmt: skip
         mlm = F.cross_entropy(gen_logits.float(), labels[sel])
         real = mask.bool() if mask is not None else torch.ones_like(sel)
-        disc = F.binary_cross_entropy_with_logits(rtd.float()[real], (corrupted != original)[real].float())
-        return LossOutput(mlm + disc_weight * disc, real.sum())
+        logits, target = rtd.float()[real], (corrupted != original)[real].float()
+        disc = F.binary_cross_entropy_with_logits(logits, target)
+        acc, frac = ((logits > 0).float() == target).float().mean(), target.mean()
+        metrics = {"mlm_loss": mlm.detach(), "disc_loss": disc.detach(), "disc_acc": acc, "replaced_frac": frac}
+        return LossOutput(mlm + disc_weight * disc, real.sum(), metrics)
 
     return loss
 

@@ -245,18 +245,22 @@ def init_stats(model: torch.nn.Module) -> dict:
 # --- training ---------------------------------------------------------------------------------------------------------
 
 
-def evaluate(model, loss_fn, batches, autocast) -> float:
-    """Token-weighted mean validation loss (as Pretraining.evaluate), noise fixed per batch."""
+def evaluate(model, loss_fn, batches, autocast) -> tuple[float, dict[str, float]]:
+    """Token-weighted mean validation loss (as Pretraining.evaluate), noise fixed per batch, and the same means of the
+    loss's own metrics (ELECTRA's disc_loss, disc_acc, replaced_frac, ...) where both sides report them."""
     model.eval()
-    total, n = 0.0, 0
+    total, n, metrics = 0.0, 0, {}
     with torch.no_grad(), autocast:
         for i, batch in enumerate(batches):
             torch.manual_seed(EVAL_NOISE_SEED + i)
             out = loss_fn(model, batch)
-            total += float(out.loss) * int(out.n_tokens)
-            n += int(out.n_tokens)
+            k = int(out.n_tokens)
+            total += float(out.loss) * k
+            n += k
+            for name, value in out.metrics.items():
+                metrics[name] = metrics.get(name, 0.0) + float(value) * k
     model.train()
-    return total / max(n, 1)
+    return total / max(n, 1), {name: v / max(n, 1) for name, v in metrics.items()}
 
 
 def sync(device: torch.device) -> None:
@@ -283,8 +287,9 @@ def train(model, loss_fn, cfg: Config, batches, val, device: torch.device) -> di
     if device.type == "cuda":  # as the lmforge loop: float32 matmuls outside autocast on TF32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     model.train()
-    rec = {"val": [[0, evaluate(model, loss_fn, val, autocast)]], "train_loss": [], "grad_norm": [],
-           "batch_hash": [], "skipped_steps": 0}  # fmt: skip
+    loss0, metrics0 = evaluate(model, loss_fn, val, autocast)
+    rec = {"val": [[0, loss0]], "val_metrics": [[0, metrics0]], "train_loss": [], "grad_norm": [], "batch_hash": [],
+           "skipped_steps": 0}  # fmt: skip
     pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     train_s, first_step_s = 0.0, None
     sync(device)
@@ -314,8 +319,11 @@ def train(model, loss_fn, cfg: Config, batches, val, device: torch.device) -> di
             rec["train_loss"] += losses
             rec["grad_norm"] += norms
             rec["skipped_steps"] += int(sum(bads))
-            rec["val"].append([step, evaluate(model, loss_fn, val, autocast)])
-            print(f"  step {step}: train {losses[-1]:.4f}  val {rec['val'][-1][1]:.4f}", file=sys.stderr, flush=True)
+            val_loss, val_metrics = evaluate(model, loss_fn, val, autocast)
+            rec["val"].append([step, val_loss])
+            rec["val_metrics"].append([step, val_metrics])
+            shown = "".join(f"  {k} {v:.4f}" for k, v in val_metrics.items())
+            print(f"  step {step}: train {losses[-1]:.4f}  val {val_loss:.4f}{shown}", file=sys.stderr, flush=True)
             sync(device)
             start = time.perf_counter()
     tokens = t.batch_size * t.seq_len

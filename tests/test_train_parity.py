@@ -98,3 +98,13 @@ def test_bad_input_gets_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "error: family bert has no reference 'nanogpt' (its references: hf)"
     assert tp.main(["--report", str(tmp_path / "empty")]) == 1
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_electra_reports_the_discriminator_metrics_on_both_sides(corpus, tmp_path):
+    assert run("electra", ["lmforge", "hf"], tmp_path, corpus, "--steps", "2", "--eval-every", "2") == 0
+    for impl in ("lmforge", "hf"):
+        evals = result(tmp_path, "electra", impl)["val_metrics"]
+        assert [s for s, _ in evals] == [0, 2]
+        for _, m in evals:
+            assert set(m) == {"mlm_loss", "disc_loss", "disc_acc", "replaced_frac"}, impl
+            assert 0 < m["replaced_frac"] < 0.15 and 0 <= m["disc_acc"] <= 1 and m["disc_loss"] > 0, impl
