@@ -30,8 +30,9 @@ What is the same on both sides:
 - validation: `--val-batches` batches of the val split through the objective's `eval_transform` (fixed masks) when
   it has one, token-weighted mean loss, every `--eval-every` steps and at the end.
 
-Outputs: OUT/<family>-<impl>-seed<seed>.json (val curve, per-step train loss and batch hash, wall time, tokens/s,
-parameter count, environment). The loss on both sides is the objective's: see parity_refs.py for each reference.
+Outputs: OUT/<family>-<impl>-seed<seed>.json (val curve and the loss's own metrics at each evaluation, e.g.
+ELECTRA's disc_loss and disc_acc; per-step train loss and batch hash, wall time, tokens/s, parameter count,
+environment). The loss on both sides is the objective's: see parity_refs.py for each reference.
 nanoT5: only its model file is imported (the package needs hydra, accelerate, datasets and neptune), with lmforge's
 optimizer instead of nanoT5's AdamWScale, as for every other twin. That file is written against transformers 4.x
 (its T5Stack calls `ModuleUtilsMixin.get_extended_attention_mask`, gone in 5.x), so with transformers 5.x
