@@ -289,14 +289,7 @@ def test_objective_transform_holds_for_any_token_stream(name):
     assert len(ran) >= SETTINGS.max_examples // 3, "most streams were refused: the property was hardly tested"
 
 
-# Objectives whose loss still reads values back, and why (strict: the mark must go once it is fixed).
-SYNCS = {"unilm": "its cloze positions, per-kind metrics and NSP rows are found and read on the device"}
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=SYNCS[n])) if n in SYNCS else n
-             for n in OBJECTIVES.names()],
-)  # fmt: skip
+@pytest.mark.parametrize("name", OBJECTIVES.names())
 def test_a_training_loss_never_waits_for_the_device(name, tmp_path):
     """A training batch's loss and backward read no value back and index with no boolean mask: on a GPU each would
     stall the step. The positions a loss gathers come with the batch, found on the CPU."""

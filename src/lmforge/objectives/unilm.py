@@ -177,39 +177,50 @@ class UniLM(MaskedObjective):
             attn_kind=kind, prefix_len=batch["prefix_len"], return_logits=False,
         )  # fmt: skip
         labels = batch["labels"]
-        sel = labels != M.IGNORE  # (B, T)
-        logits = unwrap_model(model).logits(out.last_hidden_state[sel])  # (N, V): the head on the cloze positions
-        target = labels[sel]
-        n = int(sel.sum())
+        # The cloze positions come with the batch (`mlm_index`, found on the CPU): nothing here waits for the device.
+        index = batch.get("mlm_index")
+        if index is None:
+            index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
+        n = index.numel()
+        h = out.last_hidden_state.flatten(0, 1).index_select(0, index)
+        logits = unwrap_model(model).logits(h)  # (N, V): the head on the cloze positions only
+        target = labels.flatten().index_select(0, index)
         cloze = cross_entropy(logits, target) if n else logits.sum() * 0.0
-        metrics = self._kind_metrics(logits.detach(), target, kind[:, None].expand_as(labels)[sel]) if n else {}
+        position_kind = kind[:, None].expand_as(labels).flatten().index_select(0, index)
+        metrics = self._kind_metrics(logits.detach(), target, position_kind) if n else {}
         total = cloze
         if self.options.nsp:
             nsp, nsp_metrics = self._nsp(out.nsp_logits, batch["sentence_label"], kind == BIDIRECTIONAL)
-            total, metrics = total + nsp, {**metrics, **nsp_metrics, "mlm_loss": float(cloze.detach())}
+            total, metrics = total + nsp, {**metrics, **nsp_metrics, "mlm_loss": cloze.detach()}
         for extra in (out.pooled, out.nsp_logits, out.rtd_logits):  # unused heads join the graph (DDP)
             if extra is not None:
                 total = total + 0.0 * extra.sum()
         return LossOutput(total, n, metrics)
 
     @staticmethod
-    def _kind_metrics(logits: Tensor, target: Tensor, row_kind: Tensor) -> dict[str, float]:
-        """Cloze accuracy overall and cross-entropy per attention kind (kinds present in the batch)."""
+    def _kind_metrics(logits: Tensor, target: Tensor, position_kind: Tensor) -> dict[str, Tensor]:
+        """Cloze accuracy overall and cross-entropy per attention kind, as tensors the loop reads on log steps; a
+        kind with no cloze position in the batch gets NaN (logged as null)."""
         with torch.no_grad():
             nll = F.cross_entropy(logits.float(), target, reduction="none")
             k = len(ATTENTION_KINDS)
-            sums = torch.zeros(k, device=nll.device).index_add_(0, row_kind, nll).tolist()
-            counts = torch.bincount(row_kind, minlength=k).tolist()
-            out = {"mlm_acc": float((logits.argmax(-1) == target).float().mean())}
-        out.update({f"loss_{name}": s / c for name, s, c in zip(ATTENTION_KINDS, sums, counts) if c})
+            sums = torch.zeros(k, device=nll.device).index_add_(0, position_kind, nll)
+            counts = torch.zeros(k, device=nll.device).index_add_(0, position_kind, torch.ones_like(nll))
+            per_kind = sums / counts
+            out = {"mlm_acc": (logits.argmax(-1) == target).float().mean()}
+        out.update({f"loss_{name}": per_kind[i] for i, name in enumerate(ATTENTION_KINDS)})
         return out
 
     @staticmethod
-    def _nsp(logits: Tensor, label: Tensor, rows: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """NSP cross-entropy over the bidirectional rows (zero, in the graph, when a batch has none)."""
-        if not bool(rows.any()):
-            return logits.sum() * 0.0, {}
-        logits, label = logits[rows].float(), label[rows]
-        loss = F.cross_entropy(logits, label)
-        acc = float((logits.argmax(-1) == label).float().mean())
-        return loss, {"nsp_loss": float(loss.detach()), "nsp_acc": acc}
+    def _nsp(logits: Tensor, label: Tensor, rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """NSP cross-entropy over the bidirectional rows, weighted rather than selected (a boolean selection would
+        wait for the device): zero, in the graph, when a batch has none, and then NaN metrics (logged as null)."""
+        weight = rows.float()
+        count = weight.sum()
+        logits = logits.float()
+        nll = F.cross_entropy(logits, label, reduction="none")
+        loss = (nll * weight).sum() / count.clamp(min=1.0)
+        with torch.no_grad():
+            acc = ((logits.argmax(-1) == label).float() * weight).sum() / count
+            mean = (nll * weight).sum() / count
+        return loss, {"nsp_loss": mean, "nsp_acc": acc}
