@@ -16,6 +16,7 @@ from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
 from lmforge.models.masks import ATTENTION_KINDS, kind_allowed
 from lmforge.objectives import masking as M
+from lmforge.objectives.unilm import UniLM
 
 T = 64
 BI, L2R, R2L, S2S = range(4)
@@ -253,3 +254,21 @@ def test_recipe_trains_on_cpu(tmp_path):
     # Held-out loss varies by ~0.15 nat between processes: the WordPiece trainer numbers tokens in per-process hash
     # order (docs/reliability.md), so each run starts from a different embedding draw.
     assert val[-1] < start - 0.25, (start, val)
+
+
+def test_metrics_of_kinds_a_batch_lacks_are_nan_and_the_loss_stays_in_the_graph():
+    torch.manual_seed(0)
+    logits, target = torch.randn(6, 10), torch.randint(0, 10, (6,))
+    kinds = torch.tensor([BI, BI, S2S, S2S, S2S, BI])
+    m = UniLM._kind_metrics(logits, target, kinds)
+    nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+    torch.testing.assert_close(m["loss_bidirectional"], nll[kinds == BI].mean())
+    torch.testing.assert_close(m["loss_seq2seq"], nll[kinds == S2S].mean())
+    assert m["loss_left_to_right"].isnan() and m["loss_right_to_left"].isnan()  # logged as null
+    nsp_logits = torch.randn(4, 2, requires_grad=True)
+    loss, nsp = UniLM._nsp(nsp_logits, torch.tensor([0, 1, 0, 1]), torch.zeros(4, dtype=torch.bool))
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and nsp_logits.grad is not None and nsp["nsp_acc"].isnan()
+    rows = torch.tensor([True, False, True, False])
+    loss, nsp = UniLM._nsp(nsp_logits, torch.tensor([0, 1, 1, 1]), rows)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(nsp_logits[rows], torch.tensor([0, 1])))
