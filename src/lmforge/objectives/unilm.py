@@ -200,7 +200,7 @@ class UniLM(MaskedObjective):
     @staticmethod
     def _kind_metrics(logits: Tensor, target: Tensor, position_kind: Tensor) -> dict[str, Tensor]:
         """Cloze accuracy overall and cross-entropy per attention kind, as tensors the loop reads on log steps; a
-        kind with no cloze position in the batch gets NaN (logged as null)."""
+        kind none of whose tokens the batch masked gets NaN (logged as null)."""
         with torch.no_grad():
             nll = F.cross_entropy(logits.float(), target, reduction="none")
             k = len(ATTENTION_KINDS)
