@@ -50,8 +50,14 @@ SHARED_RUNS = {
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixture = SHARED_RUNS.get(item.path.name)
         if fixture is not None and fixture in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}:{fixture}"))
+            group = f"{item.path.stem}:{fixture}"
+            item.add_marker(pytest.mark.xdist_group(group))
+            if getattr(config.option, "loadgroup", False) and hasattr(getattr(item, "_id", None), "parse"):
+                # xdist's worker (3.8) groups a test by renaming it "NODEID@GROUP" through `item._nodeid`, which
+                # pytest 9 no longer reads (an item's nodeid is `str(item._id)`): without this, the group's tests
+                # are spread over the workers and each worker builds the module fixture again.
+                item._id = type(item._id).parse(f"{item.nodeid}@{group}")

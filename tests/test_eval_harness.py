@@ -44,6 +44,18 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.fixture(autouse=True)
+def lm_eval_logs_to_an_open_stderr():
+    """lm_eval adds its log handler once per process, on the sys.stderr of that moment: in a test with capsys, a stream
+    closed when that test ends, where a later log line would print a logging traceback. A later test points it at
+    the stderr of its own start."""
+    import logging
+
+    for handler in logging.getLogger("lm_eval").handlers:
+        if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+            handler.stream = sys.stderr  # not setStream: it flushes the old stream, closed
+
+
 @pytest.fixture
 def harness_env(monkeypatch, tmp_path):
     """Run from elsewhere than the repository (the shipped tasks find their data beside them), datasets cached in

@@ -5,8 +5,6 @@ tokenizer and a zero-shot evaluation."""
 
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +18,11 @@ from lmforge.eval.baselines import classification_baselines
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(*args, cwd):
-    cmd = [sys.executable, "-m", "lmforge.cli", "experiment", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd)
+def experiment(capsys, *args) -> tuple[int, str]:
+    """`lmforge experiment ARGS` run in this process (the runner; its arms are subprocesses) → (exit code, stderr)."""
+    capsys.readouterr()
+    rc = main(["experiment", *args])
+    return rc, capsys.readouterr().err
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -44,12 +44,12 @@ SMALL = [  # 10 steps of 8 × 64 tokens, a checkpoint every 5 (both kept); 64 fi
 def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs, capsys, monkeypatch):
     out = tmp_path / "exp"
     args = ["roberta-masking-tiny", "--out", str(out), f"--data.inputs=[{docs}]", *SMALL]
-    monkeypatch.chdir(tmp_path)  # the plan and the skip-everything rerun run in this process (nothing to train)
+    monkeypatch.chdir(tmp_path)
     assert main(["experiment", *args, "--dry-run"]) == 0
     assert "| pretrain/dynamic-s1 | pretrain | – | 10 | 5.12k |" in capsys.readouterr().out and not out.exists()
 
-    r = run_cli(*args, "--jobs", "2", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+    rc, err = experiment(capsys, *args, "--jobs", "2")
+    assert rc == 0, err[-3000:]
     table = (out / "roberta-masking-tiny.md").read_text()
     assert "| arm | seeds | params | steps | tokens | FLOPs | epochs | val loss | sentiment dev accuracy |" in table
     data = json.loads((out / "roberta-masking-tiny.json").read_text())
@@ -92,9 +92,9 @@ def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs, cap
     logs["pretrain/dynamic-s1"].write_text("".join(json.dumps(m) + "\n" for m in metrics(killed) if m["step"] <= 5))
     shutil.rmtree(killed / "checkpoints" / "step_10")
     shutil.rmtree(out / "finetune" / "sentiment" / "dynamic-s1")
-    r = run_cli(*args, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "6 of 8 arms already finished: skipped" in r.stderr and "resuming pretrain/dynamic-s1" in r.stderr
+    rc, err = experiment(capsys, *args)
+    assert rc == 0, err[-3000:]
+    assert "6 of 8 arms already finished: skipped" in err and "resuming pretrain/dynamic-s1" in err
     assert "resumed from" in (killed / "arm.log").read_text()
     assert metrics(killed)[-1]["val_loss"] == pytest.approx(before, rel=1e-4)  # exact resume
     assert (out / "finetune" / "sentiment" / "dynamic-s1" / "eval.json").is_file()
@@ -107,11 +107,12 @@ def yaml_of(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_random_init_arm_and_zero_shot_evaluation(tmp_path, docs):
+def test_random_init_arm_and_zero_shot_evaluation(tmp_path, docs, capsys, monkeypatch):
     out = tmp_path / "exp"
-    r = run_cli("gpt1-pretraining-tiny", "--out", str(out), f"--data.inputs=[{docs}]", "--seeds=0", *SMALL,
-                "--eval.data.max_eval=32", "--jobs", "2", cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    rc, err = experiment(capsys, "gpt1-pretraining-tiny", "--out", str(out), f"--data.inputs=[{docs}]", "--seeds=0",
+                         *SMALL, "--eval.data.max_eval=32", "--jobs", "2")  # fmt: skip
+    assert rc == 0, err[-3000:]
     data = json.loads((out / "gpt1-pretraining-tiny.json").read_text())
     rows = {row["arm"]: row for row in data["rows"]}
     assert list(rows) == ["pretrained", "pretrained-no-aux-lm", "random-init", "majority class", "tf-idf + LR"]

@@ -2,29 +2,34 @@
 a sentence-pair run; `lmforge.load` of BERT and ELECTRA runs."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from encoder_testing import docs
+from training_testing import run_main
 
 from lmforge.api import load
 from lmforge.train import checkpoint as ckpt
 
-# One thread: tiny models are fastest that way, above all on a busy machine.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TINY = ["--data.vocab_size=512", "--data.val_fraction=0.2", "--train.batch_size=16", "--train.seq_len=64"]
 TINY += ["--train.warmup_steps=3", "--train.lr=5e-3", "--train.log_every=1", "--train.eval_batches=4"]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lmforge.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=ENV
-    )
+@pytest.fixture
+def run_cli(monkeypatch, capsys, torch_globals) -> Callable[..., subprocess.CompletedProcess]:
+    """`run_cli(*args, cwd=...)`: `lmforge ARGS` in this process (lmforge.cli.main, as the `lmforge` script runs it),
+    in cwd, on one torch thread (tiny models are fastest that way, above all on a busy machine)."""
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        rc, out, err = run_main(capsys, *args)
+        return subprocess.CompletedProcess(args, rc, out, err)
+
+    return run
 
 
 def metrics(run: Path) -> list[dict]:
@@ -44,7 +49,7 @@ def corpus(tmp_path_factory) -> Path:
      ("spanbert", "bert-tiny", 0.4),
      ("albert", "albert-tiny", 0.5), ("electra", "electra-tiny", 8.0)],
 )  # fmt: skip
-def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path):
+def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path, run_cli):
     run = tmp_path / "run"
     res = run_cli(
         "pretrain", recipe, f"--model.preset={preset}", f"--run.dir={run}", f"--data.inputs=[{corpus}]", *TINY,
@@ -82,7 +87,7 @@ def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path):
         assert model.config.nsp_head and model(torch.tensor([[2, 40, 41, 3, 42, 3]])).nsp_logits.shape == (1, 2)
 
 
-def test_sentence_pair_run_resumes_exactly(corpus, tmp_path):
+def test_sentence_pair_run_resumes_exactly(corpus, tmp_path, run_cli):
     common = [f"--data.inputs=[{corpus}]", "--model.preset=bert-tiny", *TINY, "--train.max_steps=8"]
     common += ["--train.eval_every=100", "--train.save_every=4", "--train.deterministic"]
     full, part = tmp_path / "full", tmp_path / "part"

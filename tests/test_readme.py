@@ -1,6 +1,7 @@
 """A documented command is a tested command: every shell and Python block of the README, the commands `make demo`
 runs, and every recipe's "CPU smoke run" line run here as written — with one change, fewer steps, so the suite
-stays fast: `--train.max_steps=N` becomes a few steps (and is added to the demo commands)."""
+stays fast: `--train.max_steps=N` becomes a few steps (and is added to the demo commands). The lmforge commands run
+in the test's process, through lmforge.cli.main as the `lmforge` script does; the Python blocks run as scripts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from training_testing import run_main
 
 from lmforge.config import RECIPES_DIR
 
@@ -43,14 +46,22 @@ def fewer_steps(args: list[str]) -> list[str]:
     ]
 
 
-def lmforge(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, "-m", "lmforge.cli", *args[1:]], cwd=cwd, env=ENV, capture_output=True,
-                         text=True, timeout=900)  # fmt: skip
-    assert res.returncode == 0, f"{shlex.join(args)}\n{res.stderr[-3000:]}"
-    return res
+@pytest.fixture
+def lmforge(monkeypatch, capsys, torch_globals) -> Callable[[list[str], Path], subprocess.CompletedProcess]:
+    """`lmforge(args, cwd)` runs the command as the `lmforge` script does (lmforge.cli.main), in this process, in cwd,
+    with ENV's settings (one torch thread: torch_globals)."""
+    monkeypatch.setenv("LMFORGE_QUIET", "1")
+
+    def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        rc, out, err = run_main(capsys, *args[1:])
+        assert rc == 0, f"{shlex.join(args)}\n{err[-3000:]}"
+        return subprocess.CompletedProcess(args, rc, out, err)
+
+    return run
 
 
-def test_the_readme_quickstart_and_python_blocks_run_as_written(tmp_path):
+def test_the_readme_quickstart_and_python_blocks_run_as_written(tmp_path, lmforge):
     quickstart = [c for b in blocks("bash") for c in shell_commands(b)]
     assert quickstart[0][:2] == ["lmforge", "pretrain"] and "--resume" in quickstart[2]
     outputs = [lmforge(fewer_steps(cmd), tmp_path) for cmd in quickstart]
@@ -68,7 +79,7 @@ def test_the_readme_quickstart_and_python_blocks_run_as_written(tmp_path):
         assert res.returncode == 0, f"README python block {i}:\n{res.stderr[-3000:]}"
 
 
-def test_the_demo_commands_run(tmp_path):
+def test_the_demo_commands_run(tmp_path, lmforge):
     demo = re.findall(r"^\d\. `(lmforge [^`]+)`", README, re.M)
     assert [d.split()[:2] for d in demo] == [["lmforge", "pretrain"], ["lmforge", "finetune"], ["lmforge", "eval"]]
     lmforge([*shlex.split(demo[0]), "--train.max_steps=4", "--train.eval_batches=2"], tmp_path)
@@ -82,7 +93,7 @@ SMOKE = {
 
 
 @pytest.mark.parametrize("recipe", sorted(SMOKE))
-def test_every_pretraining_recipe_runs_its_documented_smoke_line(recipe, tmp_path):
+def test_every_pretraining_recipe_runs_its_documented_smoke_line(recipe, tmp_path, lmforge):
     m = SMOKE[recipe]
     if recipe == "demo":  # the demo is the README's (test_the_demo_commands_run)
         return

@@ -3,12 +3,11 @@ to end on CPU (report, plot, finished arms skipped on rerun, a killed arm resume
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from training_testing import run_main
 
 from lmforge.errors import LMForgeError
 from lmforge.experiments.data import shared_data
@@ -132,22 +131,17 @@ def test_table_writer():
         markdown_table(["a", "b"], [["only one"]])
 
 
-def run_cli(*args, cwd=None):
-    cmd = [sys.executable, "-m", "lmforge.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd)
-
-
 @pytest.mark.slow
-def test_scaling_sweep_end_to_end_with_skip_and_resume(tmp_path):
+def test_scaling_sweep_end_to_end_with_skip_and_resume(tmp_path, capsys):  # the runner here, its arms as processes
     path = write_sweep(tmp_path)
     out = tmp_path / "sweep"
-    dry = run_cli("scaling", str(path), "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert "| L2-d64-D10240 | 100k | 10.2k | 40 |" in dry.stdout and not out.exists()  # a dry run writes nothing
+    rc, stdout, err = run_main(capsys, "scaling", str(path), "--dry-run")
+    assert rc == 0, err
+    assert "| L2-d64-D10240 | 100k | 10.2k | 40 |" in stdout and not out.exists()  # a dry run writes nothing
 
-    r = run_cli("scaling", str(path), "--jobs", "2")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "[1/6] starting L2-d64-D10240" in r.stderr  # the costliest arm first
+    rc, _, err = run_main(capsys, "scaling", str(path), "--jobs", "2")
+    assert rc == 0, err[-3000:]
+    assert "[1/6] starting L2-d64-D10240" in err  # the costliest arm first
     report = (out / "scaling.md").read_text()
     assert "## L(N, D) = E + A / N^α + B / D^β" in report and "| L1-d32-D2560 |" in report
     assert report.index("| L1-d32-D2560 |") < report.index("| L2-d64-D10240 |")  # the table in the sweep's order
@@ -162,8 +156,8 @@ def test_scaling_sweep_end_to_end_with_skip_and_resume(tmp_path):
     # Rerun: every arm is skipped, nothing is rewritten.
     logs = {p["arm"]: Path(p["run_dir"]) / "metrics.jsonl" for p in data["points"]}
     mtimes = {k: v.stat().st_mtime_ns for k, v in logs.items()}
-    r = run_cli("scaling", str(path))
-    assert r.returncode == 0 and "6 of 6 arms already finished: skipped" in r.stderr
+    rc, _, err = run_main(capsys, "scaling", str(path))
+    assert rc == 0 and "6 of 6 arms already finished: skipped" in err
     assert {k: v.stat().st_mtime_ns for k, v in logs.items()} == mtimes
 
     # An arm killed after its step-20 checkpoint (step_30, step_40 and later log lines never written) resumes.
@@ -173,9 +167,9 @@ def test_scaling_sweep_end_to_end_with_skip_and_resume(tmp_path):
     logs[killed.name].write_text("".join(x + "\n" for x in lines if json.loads(x)["step"] <= 20))
     for step in ("step_30", "step_40"):
         shutil.rmtree(killed / "checkpoints" / step)
-    r = run_cli("scaling", str(path))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "5 of 6 arms already finished: skipped" in r.stderr and "resuming L2-d64-D10240" in r.stderr
+    rc, _, err = run_main(capsys, "scaling", str(path))
+    assert rc == 0, err[-3000:]
+    assert "5 of 6 arms already finished: skipped" in err and "resuming L2-d64-D10240" in err
     assert "resumed from" in (killed / "arm.log").read_text()
     after = json.loads((out / "scaling.json").read_text())
     assert next(p["val_loss"] for p in after["points"] if p["arm"] == killed.name) == pytest.approx(before, rel=1e-3)
