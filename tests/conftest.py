@@ -25,6 +25,18 @@ def prepared_docs(tmp_path_factory) -> Callable[[int], tuple[Path, Path]]:
     return get
 
 
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind():
+    """A test that shards a model in this process (fsdp makes a one-process group) ends that group, so a later test on
+    the same worker can start a process group of its own."""
+    import torch.distributed as dist
+
+    had = dist.is_available() and dist.is_initialized()
+    yield
+    if not had and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def torch_globals():
     """One torch thread while the test runs; deterministic-algorithm mode and the thread count put back after."""
