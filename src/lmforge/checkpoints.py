@@ -172,11 +172,16 @@ def is_sharded(path: Path) -> bool:
     return (Path(path) / SHARDS_METADATA).is_file()
 
 
+def is_dtensor(t: object) -> bool:
+    """Whether `t` is a DTensor (a sharded model's tensor), without importing torch.distributed.tensor: no DTensor
+    can exist before it is imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a DTensor (a sharded model's tensor); a plain tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def normalize_keys(keys: list[str]) -> dict[str, str]:

@@ -13,6 +13,7 @@ import re
 import torch
 from torch import Tensor, nn
 
+from lmforge.checkpoints import is_dtensor
 from lmforge.config.sections import OptimConfig
 
 _BLOCK = re.compile(r"(?:^|\.)(encoder|decoder)\.blocks\.(\d+)\.")
@@ -179,8 +180,6 @@ def _fused_adamw_on_shards(opt: torch.optim.Optimizer, found_inf: Tensor | None,
     few hundred tensors). Sharded element by element, each rank's update is its shard of the full one. Returns
     False, doing nothing, where torch's own step must run: another optimizer, plain tensors, or before the first
     step has made the state."""
-    from lmforge.train.parallel import is_dtensor
-
     if not (isinstance(opt, torch.optim.AdamW) and opt.defaults.get("fused")):
         return False
     groups = []

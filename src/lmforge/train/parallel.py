@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from lmforge.checkpoints import local
+from lmforge.checkpoints import is_dtensor, local
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import Block
@@ -242,12 +242,6 @@ def ensure_process_group(device: torch.device) -> None:
 def is_sharded(model: nn.Module) -> bool:
     """Whether `model`'s parameters are DTensor shards (fully_shard was applied)."""
     return any(is_dtensor(p) for p in model.parameters())
-
-
-def is_dtensor(t: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
 
 
 def no_sync(model: nn.Module, last: bool) -> AbstractContextManager:
