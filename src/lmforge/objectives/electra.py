@@ -92,7 +92,7 @@ class ElectraModel(nn.Module):
         """index: the flat positions of the labelled tokens (the batch's `mlm_index`, found on the CPU when it was
         made); without it they are found here, which waits for the device."""
         if index is None:
-            index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
+            index = M.labelled_index(labels)
         h = self.generator(input_ids, attention_mask, token_type_ids=token_type_ids, return_logits=False)
         gen_logits = self.generator.logits(h.last_hidden_state.flatten(0, 1).index_select(0, index))  # (N, V)
         original = torch.where(labels != M.IGNORE, labels, input_ids)

@@ -109,7 +109,7 @@ class MAELMModel(nn.Module):
         CPU); without it they are found here, which waits for the device."""
         masked = labels != M.IGNORE  # (B, T)
         if index is None:
-            index = masked.flatten().nonzero().squeeze(1)
+            index = M.labelled_index(labels)
         cfg = self.config
         cfg.check_length(masked.shape[1])  # checked on Python ints
         h = self.encoder(input_ids, attention_mask, position_ids=position_ids, return_logits=False)
@@ -184,13 +184,12 @@ class MAELM(MaskedObjective):
         }
         if "attention_mask" in batch:
             out["decoder_attention_mask"] = batch["attention_mask"]
-        out["mlm_index"] = (out["labels"] != M.IGNORE).flatten().nonzero().squeeze(1)  # see MaskedObjective.mask
+        out["mlm_index"] = M.labelled_index(out["labels"])
         return out
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        labels, index = batch["labels"], batch.get("mlm_index")
-        if index is None:
-            index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
+        labels = batch["labels"]
+        index = M.labelled_index(labels, batch)
         args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], labels)
         logits = model(*args, batch.get("decoder_attention_mask"), index)  # (N, V): the masked positions only
         target = labels.flatten().index_select(0, index)

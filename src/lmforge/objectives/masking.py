@@ -15,6 +15,16 @@ from lmforge.objectives.rng import rng
 IGNORE = -100
 """Label of positions that are not predicted (cross_entropy's default ignore_index)."""
 
+
+def labelled_index(labels: Tensor, batch: dict[str, Tensor] | None = None) -> Tensor:
+    """The flat positions of `labels` that are predicted (row-major). A transform calls it on the CPU and stores the
+    result as the batch's `mlm_index`, which a loss then takes from `batch`: found on the device instead, the
+    positions (a data-dependent shape) would make the host wait for the GPU."""
+    if batch is not None and "mlm_index" in batch:
+        return batch["mlm_index"]
+    return (labels != IGNORE).flatten().nonzero().squeeze(1)
+
+
 # Byte-level BPE spells a leading space / newline / tab / carriage return as these characters (GPT-2's byte map).
 _BYTE_LEVEL_SPACE = ("\u0120", "\u010a", "\u0109", "\u010d")
 _METASPACE = "\u2581"  # SentencePiece's '▁'

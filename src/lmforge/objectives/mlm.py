@@ -141,9 +141,7 @@ class MaskedObjective(Objective):
             batch["input_ids"], selected, mask_id=self.mask_id, random_ids=self.random_ids,
             mask_frac=o.mask_frac, random_frac=o.random_frac, draws=draws, groups=groups,
         )  # fmt: skip
-        # Flat indices of the predicted positions, found here on the CPU: the loss gathers them on the device
-        # without a data-dependent shape (boolean indexing there would wait for the GPU).
-        batch["mlm_index"] = (batch["labels"] != M.IGNORE).flatten().nonzero().squeeze(1)
+        batch["mlm_index"] = M.labelled_index(batch["labels"])
         return self.span_targets(batch, groups)
 
     def span_targets(self, batch: dict[str, Tensor], groups: Tensor | None) -> dict[str, Tensor]:
@@ -181,9 +179,7 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor
         return_logits=False,
     )  # fmt: skip
     labels = batch["labels"]
-    index = batch.get("mlm_index")
-    if index is None:
-        index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
+    index = M.labelled_index(labels, batch)
     h = out.last_hidden_state.flatten(0, 1).index_select(0, index)  # (N, d_model)
     logits = unwrap_model(model).logits(h)  # (N, V)
     target = labels.flatten().index_select(0, index)

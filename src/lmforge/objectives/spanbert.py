@@ -88,7 +88,7 @@ class SpanBERT(MaskedObjective):
         if head is None or "sbo_left" not in batch:
             return LossOutput(mlm, n, {"mlm_acc": acc})
         T = batch["labels"].shape[1]
-        index = batch["mlm_index"] if "mlm_index" in batch else (batch["labels"] != M.IGNORE).flatten().nonzero()[:, 0]
+        index = M.labelled_index(batch["labels"], batch)
         rows, cols = index // T, index % T  # the N predicted tokens, in the order mlm_loss takes them
         h = out.last_hidden_state
         left, right = h[rows, batch["sbo_left"][rows, cols]], h[rows, batch["sbo_right"][rows, cols]]

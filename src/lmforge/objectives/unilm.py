@@ -178,9 +178,7 @@ class UniLM(MaskedObjective):
         )  # fmt: skip
         labels = batch["labels"]
         # The cloze positions come with the batch (`mlm_index`, found on the CPU): nothing here waits for the device.
-        index = batch.get("mlm_index")
-        if index is None:
-            index = (labels != M.IGNORE).flatten().nonzero().squeeze(1)
+        index = M.labelled_index(labels, batch)
         n = index.numel()
         h = out.last_hidden_state.flatten(0, 1).index_select(0, index)
         logits = unwrap_model(model).logits(h)  # (N, V): the head on the cloze positions only
@@ -219,8 +217,6 @@ class UniLM(MaskedObjective):
         count = weight.sum()
         logits = logits.float()
         nll = F.cross_entropy(logits, label, reduction="none")
-        loss = (nll * weight).sum() / count.clamp(min=1.0)
-        with torch.no_grad():
-            acc = ((logits.argmax(-1) == label).float() * weight).sum() / count
-            mean = (nll * weight).sum() / count
-        return loss, {"nsp_loss": mean, "nsp_acc": acc}
+        total = (nll * weight).sum()
+        acc = ((logits.argmax(-1) == label).float() * weight).sum() / count
+        return total / count.clamp(min=1.0), {"nsp_loss": total.detach() / count, "nsp_acc": acc}
