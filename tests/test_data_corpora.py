@@ -278,7 +278,8 @@ def test_cli_list_and_missing_name(tmp_path: Path) -> None:
 REAL = {
     "brown": 500, "nlp-corpus": 100, "oanc": 400, "guardian-headlines": 41, "speeches": 253, "chatterbot": 21,
     "bible-en-es": 30742, "aclsum": 250, "drug-reviews": 978, "brown-pos": 57340, "oanc-pos": 20000,
-    "wikipedia-sample": 106, "lee-news": 300, "debian-handbook": 127, "fortunes": 37,
+    "wikipedia-sample": 106, "lee-news": 300, "debian-handbook": 127, "fortunes": 37, "python-source": 509,
+    "bible": 2577,
 }  # fmt: skip
 
 

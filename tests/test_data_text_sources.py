@@ -10,6 +10,7 @@ from pathlib import Path
 
 from lmforge.data.corpora import GENSIM_DATA, WIKI_MEMBER, lee_records, wikipedia_records
 from lmforge.data.debian_text import fortune_records, handbook_records, html_paragraphs
+from lmforge.data.sources import source_records
 from lmforge.data.wikitext import dump_articles, wikitext_to_text
 
 WIKITEXT = (
@@ -87,4 +88,16 @@ def test_fortunes(tmp_path: Path) -> None:
     (games / "wisdom").write_text("the latin-1 copy is not read")
     assert list(fortune_records(tmp_path / "fo")) == [
         {"text": "A penny saved.\n\t-- Ben\n\nSecond  fortune.", "source": "fortunes/wisdom"}
+    ]
+
+
+def test_source_files_keep_indentation(tmp_path: Path) -> None:
+    root = tmp_path / "lib"
+    (root / "pkg" / "tests").mkdir(parents=True)
+    (root / "pkg" / "mod.py").write_text("def f():  \r\n    return 1\n\n\n\n\nx = f()\n")
+    (root / "pkg" / "tests" / "test_mod.py").write_text("assert True\n")  # a test suite: left out
+    (root / "empty.py").write_text("\n")
+    (root / "gone.py").symlink_to(root / "missing.py")  # a dangling link, as Debian ships some
+    assert list(source_records(root, "src", ".py", exclude=("tests",))) == [
+        {"text": "def f():\n    return 1\n\nx = f()", "source": "src/pkg/mod.py"}
     ]

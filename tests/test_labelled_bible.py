@@ -11,6 +11,7 @@ import pytest
 from lmforge.data.bible import (
     KJV_BOOKS,
     MAX_LENGTH_RATIO,
+    chapter_records,
     kjv_verses,
     osis_text,
     read_sword_conf,
@@ -146,3 +147,13 @@ def test_verse_pairs() -> None:
     assert lset.keys == ["Gen.1"] * 6 + ["Exod.1"] * 2
     assert verse_pairs(web, kjv).examples == lset.examples  # the negative draw is seeded
     assert lset.labels == ["not_paraphrase", "paraphrase"] and MAX_LENGTH_RATIO == 3.0
+
+
+def test_chapter_records_follow_canon_order() -> None:
+    verses = {("Exod", 1, 2): "b", ("Gen", 2, 1): "c", ("Exod", 1, 1): "a", ("Gen", 10, 1): "d", ("Wis", 1, 1): "w"}
+    assert list(chapter_records(verses, "kjv")) == [
+        {"text": "c", "source": "kjv/Gen.2"},
+        {"text": "d", "source": "kjv/Gen.10"},
+        {"text": "a\nb", "source": "kjv/Exod.1"},
+        {"text": "w", "source": "kjv/Wis.1"},  # a book outside the 66 comes last
+    ]

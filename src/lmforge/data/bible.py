@@ -19,6 +19,7 @@ import struct
 import subprocess
 import zlib
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.data.examples import Example
@@ -208,6 +209,17 @@ def sword_module(package_root: Path) -> dict[Ref, str]:
     conf = read_sword_conf(confs[0])
     module_dir = package_root / "usr/share/sword" / conf.get("DataPath", "").lstrip("./")
     return sword_verses(module_dir, conf)
+
+
+def chapter_records(verses: dict[Ref, str], prefix: str) -> Iterator[dict[str, str]]:
+    """One corpus record per chapter, its verses in order, one verse a line."""
+    chapters: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+    for (book, chapter, verse), text in verses.items():
+        chapters[book, chapter].append((verse, text))
+    order = {b: i for i, b in enumerate(KJV_BOOKS)}
+    for book, chapter in sorted(chapters, key=lambda bc: (order.get(bc[0], len(order)), bc[0], bc[1])):
+        lines = [text for _, text in sorted(chapters[book, chapter])]
+        yield {"text": "\n".join(lines), "source": f"{prefix}/{book}.{chapter}"}
 
 
 def bible_paraphrase_set(web_root: Path, bible_root: Path, text_root: Path) -> LabelledSet:

@@ -175,6 +175,29 @@ def _fortunes(scratch: Path) -> Records:
     yield from debian_text.fortune_records(packages.apt_fetch("fortunes", scratch))
 
 
+# Kept out of all-english (english=False): text of registers no recipe was tuned on, for transfer tests.
+@register(
+    "python-source", "Python 3.11 standard library source code, one module per document (no test suites)",
+    "Debian libpython3.11-minimal, libpython3.11-stdlib", "PSF-2.0", "509 docs, 10 MB", english=False,
+)  # fmt: skip
+def _python_source(scratch: Path) -> Records:
+    for package in ("libpython3.11-minimal", "libpython3.11-stdlib"):  # Debian splits the library in two
+        root = packages.apt_fetch(package, scratch) / "usr/lib/python3.11"
+        yield from sources.source_records(root, "python-source", ".py", exclude=("test", "tests", "idle_test"))
+
+
+@register(
+    "bible", "The King James Version and the World English Bible, one chapter per document",
+    "Debian bible-kjv, bible-kjv-text, sword-text-web", "public domain", "2,577 docs, 9 MB", english=False,
+)  # fmt: skip
+def _bible(scratch: Path) -> Records:
+    from lmforge.data import bible
+
+    kjv_roots = [packages.apt_fetch(p, scratch) for p in ("bible-kjv", "bible-kjv-text")]
+    yield from bible.chapter_records(bible.kjv_verses(bible.run_kjv(*kjv_roots)), "bible/kjv")
+    yield from bible.chapter_records(bible.sword_module(packages.apt_fetch("sword-text-web", scratch)), "bible/web")
+
+
 def _english_corpora() -> list[str]:
     """Every English corpus recipe (alphabetical; the first copy of a repeated paragraph is kept)."""
     return [n for n in FETCHERS.names() if FETCHERS.get(n).english]

@@ -152,6 +152,19 @@ def rst_records(root: Path, prefix: str, exclude: tuple[str, ...] = (), min_word
             yield {"text": text, "source": f"{prefix}/{rel}"}
 
 
+def source_records(root: Path, prefix: str, suffix: str, exclude: tuple[str, ...] = ()) -> Iterator[Record]:
+    """Source files ``**/*suffix`` under ``root``, one record per file, indentation kept (only trailing spaces
+    and runs of blank lines are normalised); links, and files under a directory named in ``exclude``, are
+    skipped."""
+    for path in sorted(root.rglob(f"*{suffix}")):
+        rel = path.relative_to(root)
+        if path.is_symlink() or (exclude and any(part in exclude for part in rel.parts[:-1])):
+            continue
+        text = normalize_text(path.read_bytes().decode("utf-8", errors="replace"))
+        if text:
+            yield {"text": text, "source": f"{prefix}/{rel.as_posix()}"}
+
+
 _B64 = {c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
 
 
