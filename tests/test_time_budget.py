@@ -118,3 +118,5 @@ def test_a_long_compilation_in_the_first_window_does_not_end_the_run(tmp_path):
     assert loop.step == loop.total == pytest.approx(71, abs=2)
     lrs = {r["step"]: r["lr"] for r in read_metrics(tmp_path) if "lr" in r}
     assert lrs[loop.step] == 0.0
+    # Nor does it start a decay before the next plan (at step 10) has measured the steps without compilation.
+    assert lrs[10] == lrs[15] == pytest.approx(1e-2)

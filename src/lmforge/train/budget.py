@@ -40,8 +40,9 @@ class TimeBudget:
 
     def plan(self, step: int, total: int) -> int:
         """The total steps that end the run on the budget, from the step time since the last call. The first
-        call's window holds compilation, so its plan runs at least one more window of steps (a 20-s compilation
-        would otherwise end the run a few steps later, its decay fixed) and the next call's plan corrects it."""
+        call's window holds compilation, so its plan runs at least one more window of steps before WSD's decay would
+        begin (a 20-s compilation would otherwise end the run a few steps later, or start a decay that the next
+        plan undoes), and the next call's plan corrects it."""
         now = self.clock()
         mark, self._mark = self._mark, (now, step)
         if self.frozen:
@@ -53,7 +54,10 @@ class TimeBudget:
         left = self.seconds - self.elapsed()
         new_total = min(self.cap, max(step + 1, step + math.floor(left / per_step))) if left > 0 else step
         if mark is None and left > 0:  # the first window holds compilation: measure one more before deciding
-            return max(new_total, min(self.cap, 2 * step - s_prev))
+            next_plan = 2 * step - s_prev
+            if self.decay_ratio is not None:  # the decay begins after that next plan
+                next_plan = math.floor(next_plan / (1 - self.decay_ratio)) + 2
+            return max(new_total, min(self.cap, next_plan))
         if self.decay_ratio is not None and step >= new_total - max(1, round(self.decay_ratio * new_total)):
             self.frozen = True  # the decay has begun: keep its end where it is
         return new_total
