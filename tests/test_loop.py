@@ -190,10 +190,10 @@ def _lm_loss(model, batch) -> LossOutput:
     return LossOutput(lm_head_loss(model, h, batch["ids"][:, 1:]) * batch["scale"], batch["ids"][:, 1:].numel())
 
 
-def _train_losses(tmp_path, **train) -> tuple[list[float], Loop]:
+def _train_losses(tmp_path, model_kw: dict | None = None, **train) -> tuple[list[float], Loop]:
     cfg = TrainConfig(max_steps=4, warmup_steps=0, lr=1e-2, log_every=1, prefetch=0, **train)
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=100, **{**TINY_DECODER, "n_layers": 3}))
+    model = Transformer(ModelConfig(vocab_size=100, **{**TINY_DECODER, "n_layers": 3, **(model_kw or {})}))
     with MetricsLogger(tmp_path) as log:
         loop = Loop(model, _lm_loss, _Poisoned(set()), cfg, tmp_path, LoopSpec(saved=lambda: Saved(model, {})),
                     dist=DistInfo(), device=torch.device("cpu"), log=log)  # fmt: skip
@@ -203,15 +203,15 @@ def _train_losses(tmp_path, **train) -> tuple[list[float], Loop]:
     return [float(x) for x in losses], loop
 
 
-def _compiled_like_eager(tmp_path, scope: str):
+def _compiled_like_eager(tmp_path, scope: str, model_kw: dict | None = None):
     """Four steps eager and four with train.compile_scope=`scope` from the same start: the same losses → (the
     compiled run's loop, Dynamo's counters counting from its start)."""
     from torch._dynamo.utils import counters
 
-    eager, _ = _train_losses(tmp_path / "eager")
+    eager, _ = _train_losses(tmp_path / "eager", model_kw)
     torch._dynamo.reset()
     counters.clear()
-    compiled, loop = _train_losses(tmp_path / scope, compile=True, compile_scope=scope)
+    compiled, loop = _train_losses(tmp_path / scope, model_kw, compile=True, compile_scope=scope)
     assert compiled == pytest.approx(eager, rel=1e-4)
     return loop, counters
 
@@ -229,6 +229,20 @@ def test_compiling_blocks_compiles_one_graph_for_all_blocks_and_one_for_the_lm_l
         lm_head_loss(model, model(ids, return_logits=False).last_hidden_state[:, :-1], ids[:, 1:])
     assert counters["stats"]["unique_graphs"] == 2
     assert not any("_orig_mod" in k for k in model.state_dict())  # checkpoints keep their plain keys
+
+
+def test_compiling_pointwise_chains_compiles_one_graph_each_for_all_blocks(tmp_path):
+    from lmforge.models.families import GPT_FAST
+
+    loop, counters = _compiled_like_eager(tmp_path, "pointwise", {**GPT_FAST, "tie_embeddings": True})
+    model = loop.raw
+    blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+    assert len(blocks) == 3 and not any(hasattr(b.forward, "__wrapped__") for b in blocks)
+    regions = [r for b in blocks for r in (b.norm1.forward, b.norm2.forward, b.mlp.forward, b.attn.qk_transform)]
+    assert all(hasattr(r, "__wrapped__") for r in regions) and hasattr(model.lm_loss, "__wrapped__")
+    assert not isinstance(loop.step_fn, torch._dynamo.eval_frame.OptimizedModule)
+    # Three blocks share each graph: the norms (one shape for both), QK-norm with rotary, the MLP; and the LM loss.
+    assert counters["stats"]["unique_graphs"] == 4
 
 
 def test_compiling_the_head_compiles_only_the_lm_loss(tmp_path):

@@ -94,14 +94,15 @@ class LoopConfig:
     """auto = bf16 autocast on GPUs that support it, fp32 on CPU."""
     compile: bool = False
     """torch.compile the model (see compile_scope)."""
-    compile_scope: Literal["step", "blocks", "head"] = "step"
+    compile_scope: Literal["step", "blocks", "pointwise", "head"] = "step"
     """What compile compiles: step = the model with its loss as one graph (the fastest steps, the longest
     compilation: tens of seconds at GPT-2-small size on a GPU); blocks = each transformer block on its own (one
     graph shared by all blocks of a stack, so compilation costs about one block's) and the LM head with its loss,
     for training steps only; head = the LM head with its loss alone (a few seconds: for runs of a few hundred steps,
     where the vocabulary-sized elementwise work is what eager steps lose most to; a model without an LM head, such as
-    a classifier, then compiles nothing). parallel=fsdp always compiles blocks (FSDP's hooks stay outside the
-    graphs)."""
+    a classifier, then compiles nothing); pointwise = head, plus small graphs for the blocks' chains of pointwise
+    work (norms, QK-norm with rotary positions, the MLP), with attention and the projections between them eager.
+    parallel=fsdp always compiles blocks (FSDP's hooks stay outside the graphs)."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when compile is on; reduce-overhead replays CUDA graphs, for steps bound by kernel
     launches (small batches, many layers)."""

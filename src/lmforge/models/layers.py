@@ -149,6 +149,20 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.hd).transpose(1, 2)  # (B, n, T, hd)
 
+    @property
+    def transforms_qk(self) -> bool:
+        """Whether self-attention's queries and keys pass through QK-norm or rotary positions."""
+        return hasattr(self, "q_norm") or self.rope is not None
+
+    def qk_transform(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor]:
+        """QK-norm, then rotary positions (each where configured): a chain of pointwise work on the heads that
+        `train.compile_scope=pointwise` compiles on its own."""
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q, k, positions)
+        return q, k
+
     def forward(self, x: Tensor, inp: AttnInputs, layer: int, memory: Tensor | None = None) -> Tensor:
         B, T, _ = x.shape
         q_dim, kv_dim = self.n_heads * self.hd, self.n_kv * self.hd
@@ -165,10 +179,7 @@ class Attention(nn.Module):
         else:
             q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
             q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv), self._heads(v, self.n_kv)
-            if hasattr(self, "q_norm"):
-                q, k = self.q_norm(q), self.k_norm(k)
-            if self.rope is not None:
-                q, k = self.rope(q, k, inp.positions)
+            q, k = self.qk_transform(q, k, inp.positions)
             if inp.cache is not None:
                 k, v = inp.cache.append(layer, k, v)
         mask, is_causal = inp.mask, inp.is_causal and not self.cross

@@ -46,9 +46,9 @@ def check_parallel(cfg: LoopConfig) -> None:
 def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.device) -> nn.Module:
     """Apply activation checkpointing, compile and DDP or FSDP to `model` → the module the loop calls.
 
-    With cfg.compile, regions are compiled here under fsdp or compile_scope=blocks|head; otherwise the loop compiles
-    the model together with its loss. fsdp shards `model` in place (the returned module is `model` itself); ddp
-    wraps it. Build the optimizer afterwards: under fsdp its parameters are the shards."""
+    With cfg.compile, regions are compiled here under fsdp or compile_scope=blocks|pointwise|head; otherwise the
+    loop compiles the model together with its loss. fsdp shards `model` in place (the returned module is `model`
+    itself); ddp wraps it. Build the optimizer afterwards: under fsdp its parameters are the shards."""
     check_parallel(cfg)
     blocks = all_blocks(model)
     if cfg.float8:  # before compile and sharding: both must see the float8 Linear layers
@@ -74,21 +74,37 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
 
 def compiles_regions(cfg: LoopConfig) -> bool:
     """Whether train.compile compiles regions of the model here (else the loop compiles the model with its loss)."""
-    return cfg.parallel == "fsdp" or cfg.compile_scope in ("blocks", "head")
+    return cfg.parallel == "fsdp" or cfg.compile_scope in ("blocks", "pointwise", "head")
 
 
 def compile_regions(model: nn.Module, blocks: list[nn.Module], cfg: LoopConfig) -> None:
-    """Compile each block's forward unless compile_scope=head (blocks of one shape share one graph: Dynamo caches
-    on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it) and the LM head with
+    """Compile each block's forward under compile_scope=blocks or fsdp (blocks of one shape share one graph:
+    Dynamo caches on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it), or
+    its pointwise chains under compile_scope=pointwise (`_compile_pointwise`), and the LM head with
     its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary model's elementwise
     work; under fsdp it runs after the root unit's forward, on its gathered weights). The regions are compiled for
     training steps only: evaluation and generation, under no_grad, run them eager rather than compiling a second
     set of graphs."""
-    if cfg.parallel == "fsdp" or cfg.compile_scope != "head":
+    if cfg.parallel == "fsdp" or cfg.compile_scope == "blocks":
         for block in blocks:
             block.forward = _compiled_with_grad(block.forward, cfg.compile_mode)
+    elif cfg.compile_scope == "pointwise":
+        for block in blocks:
+            _compile_pointwise(block, cfg.compile_mode)
     if hasattr(model, "lm_loss"):
         model.lm_loss = _compiled_with_grad(model.lm_loss, cfg.compile_mode)
+
+
+def _compile_pointwise(block: Block, mode: str) -> None:
+    """The block's chains of pointwise work, each a small graph that all blocks of one shape share: its norms,
+    QK-norm with rotary positions, and the MLP (its two matmuls stay library calls; the activation fuses between
+    them). The matmuls and attention in between run eager."""
+    for name in ("norm1", "norm2", "norm_cross", "mlp"):
+        if hasattr(block, name):
+            module = getattr(block, name)
+            module.forward = _compiled_with_grad(module.forward, mode)
+    if block.attn.transforms_qk:
+        block.attn.qk_transform = _compiled_with_grad(block.attn.qk_transform, mode)
 
 
 def _compiled_with_grad(fn, mode: str):
