@@ -4,7 +4,8 @@
 # From the repository root:
 #   NANOGPT=.peers/nanoGPT OUT_DIR=runs/ttl bash bench/time_to_loss_gpus.sh DATA_DIR... -- "--train.time_budget=30" ...
 # Each string after -- is one gpt-fast variant (default: the recipe as it is). Results: OUT_DIR/<corpus>.json, logs
-# and runs under OUT_DIR/<corpus>/. GPU0=N starts at GPU N (two invocations can share a host).
+# and runs under OUT_DIR/<corpus>/. GPU0=N starts at GPU N (two invocations can share a host). With fewer GPUs than
+# corpora, each GPU runs its corpora one after another.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 O=${OUT_DIR:-runs/ttl}; PY=${PYTHON:-python3}
@@ -12,12 +13,15 @@ dirs=(); while (($#)) && [ "$1" != "--" ]; do dirs+=("$1"); shift; done; (($#)) 
 variants=(); for v in "$@"; do variants+=("--fast-args=$v"); done
 NG=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))')
 mkdir -p "$O"
-g=${GPU0:-0}  # the first GPU to use
-for d in "${dirs[@]}"; do
-  name=$(basename "$d")
-  CUDA_VISIBLE_DEVICES=$((g % NG)) "$PY" bench/train_e2e.py --data "$d" --tokenizer gpt2 --models \
-    --nanogpt "${NANOGPT:?set NANOGPT to a nanoGPT checkout}" --time-to-loss "${variants[@]}" \
-    --out "$O/$name.json" --work "$O/$name" > "$O/$name.log" 2>&1 &
-  g=$((g + 1))
+: "${NANOGPT:?set NANOGPT to a nanoGPT checkout}"
+g0=${GPU0:-0}  # the first GPU to use
+one() {  # corpus dir, GPU
+  name=$(basename "$1")
+  CUDA_VISIBLE_DEVICES=$2 "$PY" bench/train_e2e.py --data "$1" --tokenizer gpt2 --models --nanogpt "$NANOGPT" \
+    --time-to-loss "${variants[@]}" --out "$O/$name.json" --work "$O/$name" > "$O/$name.log" 2>&1
+}
+# Corpus i runs on GPU (GPU0 + i) mod NG; corpora sharing a GPU run one after another, never side by side.
+for ((k = 0; k < NG && k < ${#dirs[@]}; k++)); do
+  (for ((i = k; i < ${#dirs[@]}; i += NG)); do one "${dirs[i]}" $(((g0 + i) % NG)); done) &
 done
 wait
