@@ -205,7 +205,7 @@ def _english_corpora() -> list[str]:
 
 register_mix(
     "all-english",
-    "Every English corpus above, paragraphs deduplicated across corpora (exact and MinHash near)",
+    "Every English corpus but the held-out bible, paragraphs deduplicated across corpora (exact and MinHash near)",
     "each component's own",
     "133,371 docs, 122 MB",
     _english_corpora,
