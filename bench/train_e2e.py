@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -187,7 +188,22 @@ def nanogpt_run(a, work: Path, steps: int = 1200) -> dict:
                             stderr=subprocess.STDOUT, env=_cold_cache(work / "nanogpt.log")).returncode  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"nanoGPT train.py failed (exit {rc}); see {work / 'nanogpt.log'}")
-    return {"wall_s": time.perf_counter() - t0, "ckpt": str(wd / "out" / "ckpt.pt"), "args": args}
+    wall = time.perf_counter() - t0
+    train_tokens = json.loads((a.data / "meta.json").read_text())["train"]["n_tokens"]
+    return {"wall_s": wall, "ckpt": str(wd / "out" / "ckpt.pt"), "args": args,
+            "epochs": round(steps * 16 * 1024 / train_tokens, 2),
+            "own_last_eval": nanogpt_last_eval((work / "nanogpt.log").read_text())}  # fmt: skip
+
+
+def nanogpt_last_eval(log: str) -> dict | None:
+    """The train and val losses of nanoGPT's last evaluation ("step N: train loss X, val loss Y"): their gap shows
+    whether the reference overfits a small corpus, which makes its final loss an easier target."""
+    last = None
+    for line in log.splitlines():
+        m = re.match(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", line.strip())
+        if m:
+            last = {"step": int(m.group(1)), "train_loss": float(m.group(2)), "val_loss": float(m.group(3))}
+    return last
 
 
 @torch.no_grad()

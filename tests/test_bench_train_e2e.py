@@ -30,3 +30,14 @@ def test_ablation_runs_each_named_arm_and_writes_its_rows(tmp_path):
     log = (tmp_path / "work" / "ablation-1.log").read_text().splitlines()
     stamps = [float(line[1:].split(" s]")[0]) for line in log]  # every line: "[seconds since the start s] ..."
     assert stamps == sorted(stamps) and any("run saved in" in line for line in log)
+
+
+def test_nanogpt_last_evaluation_is_read_from_its_log():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_train_e2e", ROOT / "bench" / "train_e2e.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    log = "step 0: train loss 10.9, val loss 10.9\niter 1150: loss 2.8\nstep 1200: train loss 2.7667, val loss 3.1849\n"
+    assert module.nanogpt_last_eval(log) == {"step": 1200, "train_loss": 2.7667, "val_loss": 3.1849}
+    assert module.nanogpt_last_eval("iter 0: loss 10.9\n") is None
