@@ -158,7 +158,7 @@ def source_records(root: Path, prefix: str, suffix: str, exclude: tuple[str, ...
     skipped."""
     for path in sorted(root.rglob(f"*{suffix}")):
         rel = path.relative_to(root)
-        if path.is_symlink() or (exclude and any(part in exclude for part in rel.parts[:-1])):
+        if path.is_symlink() or any(part in exclude for part in rel.parts[:-1]):
             continue
         text = normalize_text(path.read_bytes().decode("utf-8", errors="replace"))
         if text:
