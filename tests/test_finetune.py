@@ -131,6 +131,22 @@ def test_finetune_from_scratch_is_deterministic_and_keeps_the_best_checkpoint(tm
     assert load_finetune_config(run / "config.yaml").train.max_steps == 6  # the saved config is a recipe
 
 
+def test_min_steps_adds_whole_epochs_to_a_small_set(tmp_path, labelled):
+    # 240 training examples in batches of 16: 15 steps an epoch.
+    def tuner(name: str, *extra: str) -> FineTuner:
+        over = small(tmp_path / name, labelled, "--data.max_eval=16", "--model.vocab_size=300", *extra)
+        return FineTuner(load_finetune_config("sst2-gpt", over, init="gpt-tiny"))
+
+    assert tuner("plain", "--train.epochs=2").total_steps == 30
+    assert tuner("reached", "--train.epochs=2", "--train.min_steps=25").total_steps == 30  # 2 epochs reach it
+    assert tuner("capped", "--train.epochs=1", "--train.min_steps=20", "--train.max_steps=7").total_steps == 7
+    raised = tuner("raised", "--train.epochs=1", "--train.min_steps=20")
+    assert raised.total_steps == 30  # 20 steps need a second whole epoch
+    raised.fit()
+    rows = [json.loads(x) for x in (tmp_path / "raised" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if "dev_accuracy" in r] == [1, 2]
+
+
 def test_bf16_precision_runs_the_steps_under_autocast(tmp_path, labelled):
     losses = {}
     for precision in ("fp32", "bf16"):

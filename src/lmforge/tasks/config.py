@@ -90,6 +90,10 @@ class FtTrainConfig(LoopConfig, OptimConfig):
     epochs: PosInt = 3
     max_steps: PosInt | None = None
     """Stop after this many optimizer steps (None = `epochs` full passes)."""
+    min_steps: NonNegInt = 0
+    """Train for more than `epochs` full passes where they would take fewer optimizer steps than this: as many whole
+    epochs as reach it (Mosbach et al. 2021: small sets fine-tune stably when trained for more steps). 0 = off;
+    ignored when max_steps is set."""
     batch_size: PosInt = 32
     eval_batch_size: PosInt = 64
     lr: NonNegFloat = 6.25e-5

@@ -118,7 +118,7 @@ class FineTuner:
         global_batch = t.batch_size * d.world_size
         source = FeatureBatches(self.train_features, global_batch, d, cfg.run.seed, self.task.pad_id)
         self.per_epoch = source.per_epoch
-        self.total_steps = t.max_steps or self.per_epoch * t.epochs
+        self.total_steps = t.max_steps or self.per_epoch * max(t.epochs, math.ceil(t.min_steps / self.per_epoch))
         loop_cfg = dataclasses.replace(t, max_steps=self.total_steps)
         spec = LoopSpec(
             saved=self._saved,
