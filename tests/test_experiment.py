@@ -278,6 +278,20 @@ def test_runner_waits_for_and_skips_after_failed_runs(tmp_path):
                                                                              after=["x"])])  # fmt: skip
 
 
+def test_an_arm_that_cannot_start_fails_alone(tmp_path):
+    """A run dir that cannot be made (a full disk, here a file in the way) fails that arm with one line; the
+    runner does not die, and arms that need it fail without running."""
+    (tmp_path / "file").write_text("")
+    blocked = Arm("a", tmp_path / "file" / "a", "gpt", {}, 5)
+    child = Arm("b", tmp_path / "b", "sst2-gpt", {}, None, kind="finetune", init="x", after=["a"])
+    other = Arm("c", tmp_path / "c", str(tmp_path / "missing.yaml"), {}, 5)
+    results = run_arms([blocked, child, other], poll_s=0.1)
+    assert [r.state for r in results] == ["failed", "failed", "failed"]
+    assert results[0].error.startswith("could not start: Not a directory") and "file" in results[0].error
+    assert results[1].error == "not run: a failed"
+    assert "missing.yaml" in results[2].error  # it ran, in the slot the first one left free
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_runner_and_its_arms_which_then_resume(tmp_path):
     """A scheduler's SIGTERM to the runner alone: the running arm is stopped too (it saves a checkpoint first, so a

@@ -1,7 +1,8 @@
 """Run many runs ("arms") as `lmforge pretrain`, `lmforge finetune` and `lmforge eval` subprocesses: one at a time
 or `jobs` at once, each an ordinary run dir, an arm starting once the arms it needs (its `after`: the run it
 continues or fine-tunes) have finished. A finished arm is skipped: a pretraining run whose metrics.jsonl holds a
-validation loss at its final step, a fine-tuning run with its eval.json, an evaluation with its results file. An arm
+validation loss at its final step, a fine-tuning run with its eval.json, an evaluation with its results file. A
+fine-tuning run that finishes drops its resumable checkpoints (its best/ checkpoint and results stay). An arm
 killed midway continues from its latest checkpoint (the same overrides again, with --resume). The arms stop with the
 runner, however it dies (`_Lifeline`), and a rerun that finds an arm's run dir still held by a live process waits
 for it instead of failing the arm."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -266,6 +268,7 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
     try:
         while todo or running:
             _fail_orphans(todo, results)
+            unstarted = False  # an arm that could not start frees its slot for the next one
             for slot in range(jobs):
                 arm = _next_ready(todo, results, lambda a: not _in_use(a, waiting)) if slot not in running else None
                 if arm is None or any(a.procs > 1 for a, _, _ in running.values()) or arm.procs > 1 and running:
@@ -280,8 +283,14 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
                 started += 1
                 verb = "resuming" if has_checkpoint(arm.run_dir) else "starting"
                 status(f"[{started}/{total}] {verb} {arm.name} ({arm.run_dir})")
-                running[slot] = (arm, *_launch(arm, device, threads, lifeline))
-            if todo and not running and not waiting:  # nothing can start: a cycle among the arms' `after`
+                try:
+                    running[slot] = (arm, *_launch(arm, device, threads, lifeline))
+                except OSError as e:  # a full disk, say: this arm fails, the running ones go on
+                    error = f"could not start: {e.strerror or e} ({e.filename or arm.run_dir})"
+                    status(f"{arm.name}: failed: {error}")
+                    results[arm.name] = ArmResult(arm, "failed", error=error)
+                    unstarted = True
+            if todo and not running and not waiting and not unstarted:  # none can start: a cycle among their `after`
                 raise LMForgeError(f"arm {todo[0].name} waits for arms that never run: {', '.join(todo[0].after)}")
             time.sleep(poll_s)
             for slot, (arm, proc, t0) in list(running.items()):
@@ -379,6 +388,10 @@ def _finish(arm: Arm, returncode: int, seconds: float) -> ArmResult:
         status(f"{arm.name}: failed after {seconds:.0f} s: {error}")
         return ArmResult(arm, "failed", None, seconds, error)
     status(f"{arm.name}: {summary(arm, final)} after {seconds:.0f} s")
+    if arm.kind == "finetune":  # its results and best/ stay; a grid of fine-tunes would fill the disk otherwise
+        from lmforge.train.checkpoint import CHECKPOINTS_DIR
+
+        shutil.rmtree(arm.run_dir / CHECKPOINTS_DIR, ignore_errors=True)
     return ArmResult(arm, "finished", final, seconds)
 
 
