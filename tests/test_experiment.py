@@ -154,6 +154,12 @@ def test_finetune_arms_random_init_and_recipe_per_architecture(tmp_path):
          "recipe: a recipe name, or one per architecture"),
         ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "arms": [{"name": "x"}]}},
          "finetune arm 'x' has no init:"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "select": {"held_out": ["t"]}}},
+         "finetune.select.held_out: expected names of this experiment's tasks (s), got ['t']"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "select": {"held_out": "s"}}},
+         "finetune.select.held_out: every task is held out"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "select": {"metrc": "f1"}}},
+         "unknown key 'finetune.select.metrc' — did you mean 'finetune.select.metric'?"),
     ],
 )  # fmt: skip
 def test_bad_experiment_files_are_one_line_errors(tmp_path, change, message):
@@ -394,6 +400,37 @@ def test_table_rows_mean_and_std_over_seeds(tmp_path):
     data = summary_json(exp, results, "equal steps")
     assert data["rows"][1]["values"]["s dev accuracy"]["values"] == pytest.approx([50.0, 60.0])
     json.dumps(data)  # plain JSON
+
+
+def test_chosen_on_dev_with_a_held_out_task(tmp_path):
+    """finetune.select: each task takes the arm with its best mean dev accuracy; the held-out task takes the arm best
+    on the other tasks' dev, whatever its own dev says, and only among arms that have them all; an arm missing a seed
+    takes no part."""
+    from lmforge.experiments.results import Row
+    from lmforge.experiments.spec import Experiment, FinetuneTask, Selection
+
+    dev = {"lo": {"a": (80, 80), "b": (60, 60), "h": (90, 90)}, "hi": {"a": (70, 70), "b": (75, 75), "h": (50, 52)},
+           "part": {"h": (99, 99), "b": (99, 99)}, "one-seed": {"a": (99,), "b": (99,), "h": (99,)}}  # fmt: skip
+    results = []
+    for arm, tasks in dev.items():
+        for task, values in tasks.items():
+            for seed, v in enumerate(values):
+                info = {"stage": "finetune", "task": task, "arm": arm, "seed": seed, "init": "none", "init_arm": None,
+                        "pretrain_run": None}  # fmt: skip
+                final = {"dev": {"accuracy": v / 100}, "test": {"accuracy": (v - 10 + seed) / 100}}
+                results.append(_result("finetune", f"finetune/{task}/{arm}-s{seed}", info, final))
+    tasks = [FinetuneTask(t, "sst2-bert") for t in "abh"]
+    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, {}, [], tasks, [],
+                     Selection("accuracy", ["h"]))  # fmt: skip
+    tfidf = Row("tf-idf + LR", None, seeds=1, cells={"a": [65.0], "b": [66.0], "h": [30.0]})
+    tfidf.cells = {f"{t} test accuracy": v for t, v in tfidf.cells.items()}
+    picks = {p["task"]: p for p in summary_json(exp, results, "–", [tfidf])["chosen"]}
+    assert {t: p["arm"] for t, p in picks.items()} == {"a": "lo", "b": "part", "h": "hi"}
+    assert picks["h"]["held_out"] and picks["h"]["score"] == pytest.approx(72.5) and picks["h"]["dev"] == 51
+    assert picks["a"]["test"] == pytest.approx([70.0, 71.0]) and picks["a"]["baselines"] == {"tf-idf + LR": 65.0}
+    table = render(exp, results, "–", [tfidf])
+    assert "| a | lo | its dev | 80.0 | 70.5 ± 0.7 | – | 65.0 | +5.5 | 0.84 |" in table
+    assert "| h (held out) | hi | mean dev over a, b | 51.0 | 41.5 ± 2.1 | – | 30.0 | +11.5 | 0.84 |" in table
 
 
 def test_pretraining_only_table(tmp_path):

@@ -87,6 +87,57 @@ def build_rows(results: list[ArmResult]) -> tuple[list[Row], list[str]]:
 BASELINES = {"majority": "majority class", "tfidf_lr": "tf-idf + LR"}
 
 
+def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[str, Any]]:
+    """`finetune.select`: per task, the fine-tuning row with the best mean dev metric (a held-out task: the best mean
+    over the other tasks' dev means), its dev mean, test values and the baselines' test value. Only rows with a run
+    of every fine-tuning seed on the tasks compared take part."""
+    sel = exp.selection
+    if sel is None:
+        return []
+    arms = [r for r in rows if r.name not in {b.name for b in baselines}]
+    tuned = [t.name for t in exp.tasks if t.name not in sel.held_out]
+
+    def dev(row: Row, task: str) -> float | None:  # over every seed, or None
+        values = row.cells.get(f"{task} dev {sel.metric}", [])
+        return statistics.fmean(values) if len(values) == len(exp.finetune_seeds) else None
+
+    out = []
+    for task in (t.name for t in exp.tasks):
+        held = task in sel.held_out
+        scores = []
+        for row in arms:
+            own = dev(row, task)
+            basis = [dev(row, t) for t in tuned] if held else [own]
+            if own is not None and None not in basis:
+                scores.append((statistics.fmean(basis), row))
+        if not scores:
+            continue
+        score, row = max(scores, key=lambda x: x[0])  # the first of equals
+        base = {b.name: b.cells[f"{task} test {sel.metric}"][0] for b in baselines
+                if f"{task} test {sel.metric}" in b.cells}  # fmt: skip
+        out.append({"task": task, "arm": row.name, "held_out": held, "score": score, "dev": dev(row, task),
+                    "test": row.cells.get(f"{task} test {sel.metric}", []), "baselines": base})  # fmt: skip
+    return out
+
+
+def render_chosen(exp: Experiment, picks: list[dict[str, Any]]) -> str:
+    """The chosen arms as a table beside the baselines, with the test difference and error ratio to tf-idf + LR."""
+    tfidf = BASELINES["tfidf_lr"]
+    heads = ["task", "arm", "chosen by", "dev", "test", *BASELINES.values(), f"test − {tfidf}", "errors ×"]
+    lines = []
+    for p in picks:
+        test = statistics.fmean(p["test"]) if p["test"] else None
+        ref = p["baselines"].get(tfidf)
+        gap = f"{test - ref:+.1f}" if test is not None and ref is not None else "–"
+        ratio = f"{(100 - test) / (100 - ref):.2f}" if test is not None and ref is not None and ref < 100 else "–"
+        by = (f"mean dev over {', '.join(t.name for t in exp.tasks if t.name not in exp.selection.held_out)}"
+              if p["held_out"] else "its dev")  # fmt: skip
+        lines.append([p["task"] + (" (held out)" if p["held_out"] else ""), p["arm"], by, f"{p['dev']:.1f}",
+                      fmt(p["test"], 1), *(fmt([p["baselines"][b]], 1) if b in p["baselines"] else "–"
+                                           for b in BASELINES.values()), gap, ratio])  # fmt: skip
+    return markdown_table(heads, lines, "lll" + "r" * (len(heads) - 3))
+
+
 def baseline_rows(results: list[ArmResult]) -> list[Row]:
     """A row each for the majority class and tf-idf + LR (eval/baselines.py) with the dev and test accuracy of every
     fine-tuned single-text classification task, fitted on the training examples its runs used; none without
@@ -178,6 +229,11 @@ def render(exp: Experiment, results: list[ArmResult], budget: str, baselines: li
                "validation loss (nats per predicted token; objectives score different tokens, so compare it only "
                "between arms of one objective).\n")  # fmt: skip
     out.append(markdown_table(heads, lines, "l" * (len(heads) - len(columns)) + "r" * len(columns)))
+    picks = chosen(exp, rows, list(baselines))
+    if picks:
+        out.append(f"\n## Chosen on dev ({exp.selection.metric})\n")
+        out.append(render_chosen(exp, picks))
+        out.append("\nerrors ×: the chosen arm's test errors over tf-idf + LR's (below 1: fewer).\n")
     if baselines:
         out.append("\nmajority class: the training examples' most frequent label; tf-idf + LR: tf-idf n-grams with "
                    "logistic regression, n-gram range and C chosen on dev (`lmforge.eval.baselines`); both fitted on "
@@ -202,6 +258,7 @@ def summary_json(exp: Experiment, results: list[ArmResult], budget: str, baselin
         "rows": [{"arm": r.name, "init": r.init, "pretrained": r.pretrained, "seeds": r.seeds,
                   "pretraining": facts.get(r.pretrained or ""),
                   "values": {c: stats(v) for c, v in r.cells.items() if v}} for r in rows],
+        "chosen": chosen(exp, rows, list(baselines)),
         "runs": [{"name": r.arm.name, "kind": r.arm.kind, "state": r.state, "run_dir": str(r.arm.run_dir),
                   "seconds": round(r.seconds, 1), "error": r.error or None, "info": r.arm.info, "results": r.final}
                  for r in results],

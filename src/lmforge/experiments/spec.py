@@ -15,7 +15,8 @@ from lmforge.experiments.runner import flatten
 
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
-FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds")
+FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds", "select")
+SELECT_KEYS = ("metric", "held_out")
 TASK_KEYS = ("name", "recipe", "overrides")
 EVAL_KEYS = ("name", "task", "overrides", "arms")
 ARM_KEYS = ("name", "recipe", "init", "budget")
@@ -78,6 +79,16 @@ class EvalSpec:
 
 
 @dataclass
+class Selection:
+    """`finetune.select`: the report's choice of one fine-tuning arm per task by its mean dev `metric` (the grid
+    searched on dev only). A `held_out` task takes the arm whose mean dev metric over the other tasks is highest, so
+    nothing is chosen on any of its own data."""
+
+    metric: str = "accuracy"
+    held_out: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Experiment:
     path: Path
     description: str
@@ -100,6 +111,7 @@ class Experiment:
     """Grid expanded; by default one per pretraining arm (× the grid), fine-tuned from it."""
     tasks: list[FinetuneTask]
     evals: list[EvalSpec]
+    selection: Selection | None = None
 
     @property
     def name(self) -> str:
@@ -137,6 +149,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     ft_arms: list[ArmSpec] = []
     ft_over: dict[str, Any] = {}
     ft_seeds = seeds
+    selection = None
     if ft is not None:
         ft = _section(ft, "finetune")
         _check_keys(ft, FINETUNE_KEYS, "finetune.")
@@ -144,6 +157,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
         ft_over = _overrides(ft.get("overrides"), "finetune.overrides")
         ft_seeds = _seeds(ft.get("seeds", top), "finetune.seeds" if "seeds" in ft else "seeds")
         ft_arms = _arms(ft, "finetune", default="", base=[ArmSpec(a.name, init=a.name) for a in arms])
+        selection = _selection(ft.get("select"), [t.name for t in tasks])
     elif ft_cli:
         raise LMForgeError("--finetune.*: this experiment has no fine-tuning")
     evals = _evals(raw.get("eval"), flatten(_section(eval_cli, "--eval")))
@@ -157,7 +171,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     return Experiment(
         p, str(raw.get("description", "")).strip(), Path(out or raw.get("out") or f"runs/experiments/{p.stem}"),
         seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_cli, ft_arms, tasks,
-        evals,
+        evals, selection,
     )  # fmt: skip
 
 
@@ -210,6 +224,24 @@ def _seeds(value: Any, where: str) -> list[int]:
     if not ok or len(set(value)) != len(value):
         raise LMForgeError(f"{where}: expected a list of distinct integer seeds, got {value!r}")
     return list(value)
+
+
+def _selection(value: Any, tasks: list[str]) -> Selection | None:
+    if value is None:
+        return None
+    raw = _section(value, "finetune.select")
+    _check_keys(raw, SELECT_KEYS, "finetune.select.")
+    held = raw.get("held_out", [])
+    held = [held] if isinstance(held, str) else held
+    if not isinstance(held, list) or any(t not in tasks for t in held):
+        raise LMForgeError(f"finetune.select.held_out: expected names of this experiment's tasks ({', '.join(tasks)}), "
+                           f"got {raw.get('held_out')!r}")  # fmt: skip
+    if held and len(set(held)) == len(tasks):
+        raise LMForgeError("finetune.select.held_out: every task is held out, so none is left to choose on")
+    metric = raw.get("metric", Selection.metric)
+    if not isinstance(metric, str) or not metric:
+        raise LMForgeError(f"finetune.select.metric: expected a dev metric's name, got {metric!r}")
+    return Selection(metric, list(held))
 
 
 def _budget(value: Any, where: str) -> Budget | None:
