@@ -1,7 +1,9 @@
 """Golden runs: one short CPU run of each run kind — pretrain, fine-tune, DPO and the compression report's
 distillation and pruning runs — re-run through the CLI, their metrics.jsonl (less the wall-clock fields) equal to
-the files recorded in tests/fixtures/golden/, bit for bit. A refactoring of the runs' set-up that changes what
-they train fails here.
+the files recorded in tests/fixtures/golden/: the same rows and fields, every number within a relative 1e-4 or an
+absolute 1e-5. Not bit for bit: a CPU of another model rounds the last bits differently, and over a fine-tune and a
+distillation from it that grew to 1e-5 (DPO's margins, differences of near-equal log-probabilities, to 1e-6
+absolute). A refactoring of the runs' set-up that changes what they train moves them far more, and fails here.
 
 Re-record (only when a change of numbers is intended): LMFORGE_RECORD_GOLDEN=1 pytest tests/test_golden_runs.py"""
 
@@ -44,7 +46,12 @@ def _check(name: str, run: Path) -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in got))
     want = [json.loads(line) for line in path.read_text().splitlines()]
     assert any("loss" in r for r in want)
-    assert got == want, name  # floats from JSON compare exactly
+    assert [_numbers(r) for r in got] == [pytest.approx(_numbers(r), rel=1e-4, abs=1e-5) for r in want], name
+
+
+def _numbers(row: dict) -> dict:
+    """The row with the exact loss (a float's hex digits) read back as a number."""
+    return {k: float.fromhex(v) if k == "loss_hex" else v for k, v in row.items()}
 
 
 def test_each_run_kind_logs_the_recorded_metrics(tmp_path):
