@@ -422,11 +422,11 @@ def test_chosen_on_dev_with_a_held_out_task(tmp_path):
     tasks = [FinetuneTask(t, "sst2-bert") for t in "abh"]
     exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, {}, [], tasks, [],
                      Selection("accuracy", ["h"]))  # fmt: skip
-    tfidf = Row("tf-idf + LR", None, seeds=1, cells={"a": [65.0], "b": [66.0], "h": [30.0]})
-    tfidf.cells = {f"{t} test accuracy": v for t, v in tfidf.cells.items()}
+    tfidf = Row("tf-idf + LR", None, seeds=1, cells={"a test accuracy": [65.0], "h test accuracy": [30.0]})
     picks = {p["task"]: p for p in summary_json(exp, results, "–", [tfidf])["chosen"]}
     assert {t: p["arm"] for t, p in picks.items()} == {"a": "lo", "b": "part", "h": "hi"}
-    assert picks["h"]["held_out"] and picks["h"]["score"] == pytest.approx(72.5) and picks["h"]["dev"] == 51
+    assert picks["h"]["held_out"] and picks["h"]["chosen_on"] == ["a", "b"] and picks["h"]["dev"] == 51
+    assert picks["h"]["score"] == pytest.approx(72.5)
     assert picks["a"]["test"] == pytest.approx([70.0, 71.0]) and picks["a"]["baselines"] == {"tf-idf + LR": 65.0}
     table = render(exp, results, "–", [tfidf])
     assert "| a | lo | its dev | 80.0 | 70.5 ± 0.7 | – | 65.0 | +5.5 | 0.84 |" in table

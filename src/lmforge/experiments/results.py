@@ -115,12 +115,13 @@ def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[
         score, row = max(scores, key=lambda x: x[0])  # the first of equals
         base = {b.name: b.cells[f"{task} test {sel.metric}"][0] for b in baselines
                 if f"{task} test {sel.metric}" in b.cells}  # fmt: skip
-        out.append({"task": task, "arm": row.name, "held_out": held, "score": score, "dev": dev(row, task),
-                    "test": row.cells.get(f"{task} test {sel.metric}", []), "baselines": base})  # fmt: skip
+        out.append({"task": task, "arm": row.name, "held_out": held, "chosen_on": tuned if held else [task],
+                    "score": score, "dev": dev(row, task), "test": row.cells.get(f"{task} test {sel.metric}", []),
+                    "baselines": base})  # fmt: skip
     return out
 
 
-def render_chosen(exp: Experiment, picks: list[dict[str, Any]]) -> str:
+def render_chosen(picks: list[dict[str, Any]]) -> str:
     """The chosen arms as a table beside the baselines, with the test difference and error ratio to tf-idf + LR."""
     tfidf = BASELINES["tfidf_lr"]
     heads = ["task", "arm", "chosen by", "dev", "test", *BASELINES.values(), f"test − {tfidf}", "errors ×"]
@@ -130,8 +131,7 @@ def render_chosen(exp: Experiment, picks: list[dict[str, Any]]) -> str:
         ref = p["baselines"].get(tfidf)
         gap = f"{test - ref:+.1f}" if test is not None and ref is not None else "–"
         ratio = f"{(100 - test) / (100 - ref):.2f}" if test is not None and ref is not None and ref < 100 else "–"
-        by = (f"mean dev over {', '.join(t.name for t in exp.tasks if t.name not in exp.selection.held_out)}"
-              if p["held_out"] else "its dev")  # fmt: skip
+        by = f"mean dev over {', '.join(p['chosen_on'])}" if p["held_out"] else "its dev"
         lines.append([p["task"] + (" (held out)" if p["held_out"] else ""), p["arm"], by, f"{p['dev']:.1f}",
                       fmt(p["test"], 1), *(fmt([p["baselines"][b]], 1) if b in p["baselines"] else "–"
                                            for b in BASELINES.values()), gap, ratio])  # fmt: skip
@@ -232,7 +232,7 @@ def render(exp: Experiment, results: list[ArmResult], budget: str, baselines: li
     picks = chosen(exp, rows, list(baselines))
     if picks:
         out.append(f"\n## Chosen on dev ({exp.selection.metric})\n")
-        out.append(render_chosen(exp, picks))
+        out.append(render_chosen(picks))
         out.append("\nerrors ×: the chosen arm's test errors over tf-idf + LR's (below 1: fewer).\n")
     if baselines:
         out.append("\nmajority class: the training examples' most frequent label; tf-idf + LR: tf-idf n-grams with "
