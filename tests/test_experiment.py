@@ -13,7 +13,7 @@ from lm_objective_testing import tokenizer
 
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
-from lmforge.experiments.experiment import select
+from lmforge.experiments.experiment import budget_text, select
 from lmforge.experiments.plan import plan_experiment
 from lmforge.experiments.results import build_rows, fmt, render, summary_json
 from lmforge.experiments.runner import Arm, ArmResult, arm_command, arm_final, failure_reason, run_arms
@@ -194,6 +194,14 @@ def test_a_budget_runs_a_time_budgeted_recipe_for_its_steps(tmp_path):
     data["pretrain"]["overrides"]["train.time_budget"] = 60
     with pytest.raises(LMForgeError, match=r"the budget \(equal steps, 40 steps an arm\) fixes its steps"):
         plan_experiment(load_experiment(write(tmp_path, data)), False)
+
+
+def test_the_report_names_the_budget_that_ends_pretraining(tmp_path):
+    assert budget_text(load_experiment(write(tmp_path, TINY))) == "the recipes' train.max_steps"
+    timed = {"pretrain": {**TINY["pretrain"], "overrides": {**TINY["pretrain"]["overrides"], "train.time_budget": 90}}}
+    assert budget_text(load_experiment(write(tmp_path, timed))) == (
+        "90 s of training (train.time_budget), at most the recipes' train.max_steps"
+    )
 
 
 def test_command_line_overrides_reach_their_stage(tmp_path):

@@ -18,8 +18,11 @@ def budget_text(exp: Experiment) -> str:
     """The budget as the report states it."""
     own = [f"{a.name} {a.budget.amount()}" for a in exp.arms if a.budget is not None]
     if exp.budget is None:
-        text = "per arm: " if len(own) == len(exp.arms) else "the recipes' train.max_steps; "
-        return text + ", ".join(own) if own else "the recipes' train.max_steps"
+        default = "the recipes' train.max_steps"
+        if exp.overrides.get("train.time_budget") is not None:
+            default = f"{exp.overrides['train.time_budget']:g} s of training (train.time_budget), at most {default}"
+        text = "per arm: " if len(own) == len(exp.arms) else default + "; "
+        return text + ", ".join(own) if own else default
     return exp.budget.describe() + (f" (arms with their own: {', '.join(own)})" if own else "")
 
 
