@@ -45,10 +45,10 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((out / "classify-tiny.json").read_text())
-    grid = ["pre-0.0001-0", "pre-0.0001-16", "pre-0.0002-0", "pre-0.0002-16"]  # lr × min_steps
+    grid = ["pre-0.0001", "pre-0.0002"]  # the two learning rates
     assert [row["arm"] for row in data["rows"]] == grid + ["majority class", "tf-idf + LR"]
     runs = {x["name"]: x["state"] for x in data["runs"]}
-    assert len(runs) == 17 and set(runs.values()) == {"finished"}
+    assert len(runs) == 9 and set(runs.values()) == {"finished"}
     picks = {p["task"]: p for p in data["chosen"]}  # each set's arm chosen on dev, hedge on the other three's
     assert list(picks) == list(SETS) and [p["held_out"] for p in picks.values()] == [False, True, False, False]
     assert all(p["arm"] in grid for p in picks.values())
@@ -57,10 +57,10 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
     pre = out / "pretrain" / "pre-s0"
     assert yaml.safe_load((pre / "config.yaml").read_text())["train"]["batch_size"] == 4
     for name in SETS:
-        for row in data["rows"][:4]:  # the table's numbers are the runs' own
+        for row in data["rows"][:2]:  # the table's numbers are the runs' own
             run = out / "finetune" / name / f"{row['arm']}-s0"
             assert (run / "best").is_dir() and not (run / "checkpoints").exists()  # finished: resumables dropped
             test = json.loads((run / "eval_test.json").read_text())
             assert row["values"][f"{name} test accuracy"]["values"] == [pytest.approx(100 * test["accuracy"])]
         # The word that names the label makes the stand-in sets separable: the bag of words gets every dev example.
-        assert data["rows"][5]["values"][f"{name} dev accuracy"]["values"] == [100.0]
+        assert data["rows"][3]["values"][f"{name} dev accuracy"]["values"] == [100.0]
