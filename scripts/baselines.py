@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lmforge.data.labelled_readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
 from lmforge.errors import LMForgeError
-from lmforge.eval.baselines import classification_baselines
+from lmforge.eval.baselines import many_baselines
 
 
 def load_set(name: str) -> dict:
@@ -33,14 +33,14 @@ def load_set(name: str) -> dict:
     return {k: ([e.text for e in ds.examples], [e.label for e in ds.examples]) for k, ds in splits.items()}
 
 
-def run(name: str, size: int = 0) -> dict:
+def training_prefix(name: str, size: int = 0) -> dict:
+    """The set's splits with its first `size` training examples (0: all)."""
     xy = load_set(name)
     missing = [s for s in ("train", "dev", "test") if s not in xy]
     if missing:
         raise LMForgeError(f"{name}: no {', '.join(missing)} split (the baselines choose on dev and report on test)")
     xy["train"] = (xy["train"][0][: size or None], xy["train"][1][: size or None])
-    counts = {"train": len(xy["train"][0]), "dev_n": len(xy["dev"][0]), "test_n": len(xy["test"][0])}
-    return {"set": name, **counts, **classification_baselines(xy)}
+    return xy
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,20 +49,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[0], help="training examples (0 = all)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
-    rows = []
     try:
-        for name in args.sets:
-            for n in args.sizes:
-                r = run(name, n)
-                rows.append(r)
-                m, t = r["majority"], r["tfidf_lr"]
-                print(
-                    f"{name} (train {r['train']}, dev {r['dev_n']}, test {r['test_n']}): majority dev "
-                    f"{100 * m['dev']:.1f} test {100 * m['test']:.1f}; tf-idf + LR dev {100 * t['dev']:.1f} "
-                    f"test {100 * t['test']:.1f} (ngrams {tuple(t['ngrams'])}, C {t['C']})"
-                )
+        sets = {(name, n): training_prefix(name, n) for name in args.sets for n in args.sizes}
     except LMForgeError as e:
         raise SystemExit(f"error: {e}") from None
+    results = many_baselines({f"{name}/{n}": xy for (name, n), xy in sets.items()})  # every set at once
+    rows = []
+    for (name, n), xy in sets.items():
+        counts = {"train": len(xy["train"][0]), "dev_n": len(xy["dev"][0]), "test_n": len(xy["test"][0])}
+        r = {"set": name, **counts, **results[f"{name}/{n}"]}
+        rows.append(r)
+        m, t = r["majority"], r["tfidf_lr"]
+        print(
+            f"{name} (train {r['train']}, dev {r['dev_n']}, test {r['test_n']}): majority dev "
+            f"{100 * m['dev']:.1f} test {100 * m['test']:.1f}; tf-idf + LR dev {100 * t['dev']:.1f} "
+            f"test {100 * t['test']:.1f} (ngrams {tuple(t['ngrams'])}, C {t['C']})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -12,19 +12,20 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import baselines  # noqa: E402
 
-from lmforge.eval.baselines import CS, NGRAMS  # noqa: E402
+from lmforge.eval.baselines import CS, NGRAMS, _fits, classification_baselines, many_baselines  # noqa: E402
 
 
-def _write_set(root: Path, pairs: bool = False) -> Path:
-    """Two classes told apart by one word each, among shared filler; 3:1 more 'neg' than 'pos' in train."""
-    rng = random.Random(0)
+def _write_set(root: Path, pairs: bool = False, flip: float = 0.0, seed: int = 0) -> Path:
+    """Two classes told apart by one word each (the other class's word in a `flip` share of them), among shared
+    filler; 3:1 more 'neg' than 'pos' in train."""
+    rng = random.Random(seed)
     filler = "the a of film plot actor scene story".split()
     root.mkdir()
     for split, n in (("train", 200), ("dev", 40), ("test", 40)):
         rows = []
         for i in range(n):
             label = "pos" if i % 4 == 0 else "neg"
-            words = rng.choices(filler, k=6) + ["superb" if label == "pos" else "dull"]
+            words = rng.choices(filler, k=6) + ["superb" if (label == "pos") != (rng.random() < flip) else "dull"]
             rng.shuffle(words)
             row = {"text": " ".join(words), "label": label}
             if pairs:
@@ -59,3 +60,16 @@ def test_pairs_and_unknown_sets_are_one_line(tmp_path):
         baselines.main([str(_write_set(tmp_path / "pairs", pairs=True))])
     with pytest.raises(SystemExit, match="^error: .*no-such-set"):
         baselines.main(["no-such-set"])
+
+
+def test_sets_fitted_in_parallel_choose_as_one_at_a_time(tmp_path):
+    """Noisy sets, so that dev accuracy ties and differs between fits: spawned processes, one per (set, n-gram
+    range), give each set the choice its own sequential fit makes (the first fit with the best dev accuracy)."""
+    sets = {f"s{k}": baselines.training_prefix(str(_write_set(tmp_path / f"s{k}", flip=0.3, seed=k))) for k in (1, 2)}
+    together = many_baselines(sets, workers=3)
+    for name, xy in sets.items():
+        assert together[name] == classification_baselines(xy)
+        fits = [f for ngrams in NGRAMS for f in _fits(xy["train"], xy["dev"], xy["test"], ngrams)]
+        top = max(f["dev"] for f in fits)
+        assert top < 1.0 and together[name]["tfidf_lr"] == next(f for f in fits if f["dev"] == top)
+    assert together["s1"]["tfidf_lr"] != together["s2"]["tfidf_lr"]  # each set got its own fits back

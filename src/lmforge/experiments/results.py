@@ -143,7 +143,7 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
     fine-tuned single-text classification task, fitted on the training examples its runs used; none without
     scikit-learn (the `eval` extra)."""
     from lmforge import extras
-    from lmforge.eval.baselines import classification_baselines
+    from lmforge.eval.baselines import many_baselines
 
     if not extras.available("sklearn"):
         return []
@@ -152,11 +152,9 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
         if r.arm.kind == "finetune" and r.final is not None:
             runs.setdefault(r.arm.info["task"], Path(r.arm.run_dir))
     rows = {key: Row(name, None, seeds=1) for key, name in BASELINES.items()}
-    for task, run_dir in runs.items():
-        splits = _single_text_classes(run_dir)
-        if splits is None:
-            continue
-        for key, got in classification_baselines(splits).items():
+    sets = {task: splits for task, run_dir in runs.items() if (splits := _single_text_classes(run_dir)) is not None}
+    for task, result in (many_baselines(sets) if sets else {}).items():
+        for key, got in result.items():
             for split in ("dev", "test"):
                 if split in got:
                     rows[key].cells[f"{task} {split} accuracy"] = [100 * got[split]]
