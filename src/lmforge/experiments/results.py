@@ -153,7 +153,7 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
             runs.setdefault(r.arm.info["task"], Path(r.arm.run_dir))
     rows = {key: Row(name, None, seeds=1) for key, name in BASELINES.items()}
     sets = {task: splits for task, run_dir in runs.items() if (splits := _single_text_classes(run_dir)) is not None}
-    for task, result in (many_baselines(sets) if sets else {}).items():
+    for task, result in many_baselines(sets).items():
         for key, got in result.items():
             for split in ("dev", "test"):
                 if split in got:
