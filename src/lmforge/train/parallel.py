@@ -13,6 +13,9 @@ reduced in fp32 (MixedPrecisionPolicy); on CPUs (gloo) everything stays fp32."""
 from __future__ import annotations
 
 import atexit
+import importlib.util
+import os
+import sys
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache, wraps
 from typing import Any
@@ -50,6 +53,13 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
     loop compiles the model together with its loss. fsdp shards `model` in place (the returned module is `model`
     itself); ddp wraps it. Build the optimizer afterwards: under fsdp its parameters are the shards."""
     check_parallel(cfg)
+    if cfg.compile and dist_info.is_main and not bytecode_cached():
+        print(
+            "warning: torch's bytecode is not cached here (no .pyc files, and PYTHONDONTWRITEBYTECODE), so every "
+            "process compiles torch's compiler sources again before its first graph (~8 s on a GPU host); on short "
+            "runs train.compile_scope=head compiles least",
+            file=sys.stderr,
+        )
     blocks = all_blocks(model)
     if cfg.float8:  # before compile and sharding: both must see the float8 Linear layers
         from lmforge.train.float8 import to_float8
@@ -70,6 +80,13 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
             model, device_ids=ids, bucket_cap_mb=cfg.ddp_bucket_mb, gradient_as_bucket_view=True
         )
     return model
+
+
+def bytecode_cached(module: str = "torch._inductor.compile_fx") -> bool:
+    """Whether `module`'s bytecode is on disk (an installation's .pyc, or sys.pycache_prefix's), or this process
+    may write it for the next. Without either, every process compiles torch's compiler from its sources again."""
+    cached = importlib.util.find_spec(module).cached
+    return cached is not None and (os.path.exists(cached) or not sys.dont_write_bytecode)
 
 
 def compiles_regions(cfg: LoopConfig) -> bool:
