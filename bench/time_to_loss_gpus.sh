@@ -22,9 +22,10 @@ g0=${GPU0:-0}  # the first GPU to use
 if [ -n "${PYC:-}" ]; then
   export PYTHONPYCACHEPREFIX=$PYC
   unset PYTHONDONTWRITEBYTECODE
-  CUDA_VISIBLE_DEVICES=$g0 "$PY" bench/train_e2e.py --data "${dirs[0]}" --tokenizer gpt2 --models --nanogpt "$NANOGPT" \
-    --time-to-loss "--fast-args=--train.compile --train.time_budget=8" --nanogpt-args="--max_iters=30 --eval_interval=30" \
-    --out "$O/warm-up.json" --work "$O/warm-up" > "$O/warm-up.log" 2>&1 || { echo "warm-up failed: see $O/warm-up.log" >&2; exit 1; }
+  CUDA_VISIBLE_DEVICES=$g0 "$PY" bench/train_e2e.py --data "${dirs[0]}" --tokenizer gpt2 --models \
+    --nanogpt "$NANOGPT" --time-to-loss "--fast-args=--train.compile --train.time_budget=8" \
+    --nanogpt-args="--max_iters=30 --eval_interval=30" --out "$O/warm-up.json" --work "$O/warm-up" \
+    > "$O/warm-up.log" 2>&1 || { echo "warm-up failed: see $O/warm-up.log" >&2; exit 1; }
 fi
 one() {  # corpus dir, GPU
   name=$(basename "$1")
