@@ -52,15 +52,16 @@ def _loss(model, batch) -> LossOutput:
     return LossOutput(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["ids"][:, 1:].flatten()), 16)
 
 
-def _run(tmp_path, clock, cost, budget, resume_state=None, **train):
+def _run(tmp_path, clock, cost, budget, resume_state=None, evaluate=None, **train):
     train = {"max_steps": 10_000, **train}
     cfg = TrainConfig(time_budget=budget, warmup_steps=5, lr=1e-2, log_every=5, prefetch=0,
                       schedule="wsd", decay_ratio=0.2, min_lr_ratio=0.0, save_every=10_000, **train)  # fmt: skip
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=100, **TINY_DECODER))
     with MetricsLogger(tmp_path) as log:
-        loop = Loop(model, _loss, _Batches(clock, cost), cfg, tmp_path, LoopSpec(saved=lambda: Saved(model, {})),
-                    dist=DistInfo(), device=torch.device("cpu"), log=log)  # fmt: skip
+        spec = LoopSpec(saved=lambda: Saved(model, {}), evaluate=evaluate)
+        loop = Loop(model, _loss, _Batches(clock, cost), cfg, tmp_path, spec, dist=DistInfo(),
+                    device=torch.device("cpu"), log=log)  # fmt: skip
         loop.budget.clock = clock
         if resume_state is not None:
             loop.budget.load_state_dict(resume_state["budget"])
@@ -120,3 +121,18 @@ def test_a_long_compilation_in_the_first_window_does_not_end_the_run(tmp_path):
     assert lrs[loop.step] == 0.0
     # Nor does it start a decay before the next plan (at step 10) has measured the steps without compilation.
     assert lrs[10] == lrs[15] == pytest.approx(1e-2)
+
+
+def test_evaluations_during_the_run_do_not_end_it_early(tmp_path):
+    # 0.1 s a step (the first five 2 s), and an evaluation every 20 steps that takes 1 s: 0.15 s a step with the
+    # evaluations, so 40 s hold about 5 + 30 / 0.15 = 205 steps. A plan made from a window that held an evaluation
+    # alone (0.3 s a step) would fix the decay early and end the run seconds before its budget.
+    clock = _Clock()
+
+    def evaluate(step):
+        clock.now += 1.0
+        return {"val_loss": 1.0}
+
+    loop = _run(tmp_path, clock, lambda i: 2.0 if i <= 5 else 0.1, budget=40.0, evaluate=evaluate, eval_every=20)
+    assert loop.step == loop.total == pytest.approx(205, abs=6)
+    assert 39.0 <= loop.budget.elapsed() - 1.0 <= 40.5  # less the final evaluation, which the budget leaves out

@@ -13,6 +13,7 @@ import statistics
 import sys
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,6 +390,9 @@ class Loop:
         if self.progress is not None:
             self.progress.set_total(total)
 
+    def _budget_paused(self) -> AbstractContextManager:
+        return self.budget.paused() if self.budget is not None else nullcontext()
+
     def _replan(self) -> None:
         """Fit the planned steps to what is left of the time budget (decided on rank 0, at logged steps)."""
         total = self.budget.plan(self.step, self.total) if self.dist.is_main else None
@@ -433,7 +437,7 @@ class Loop:
                     signum = self._stop_signal(stop) if not self.dist.enabled or self._due(c.log_every) else None
                     if self._due(c.log_every) or evaluate or save or signum:
                         self._log_train(*self._read())
-                    with self.clock.paused():
+                    with self.clock.paused(), self._budget_paused():
                         if evaluate:
                             self._evaluate()
                         if self.step == self.total and self.dist.is_main:  # drawn while the last save is written
