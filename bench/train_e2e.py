@@ -259,10 +259,27 @@ def gpt_fast_run(a, work: Path, i: int, args: list[str], nano: dict) -> dict:
             f"--train.target_loss={nano['val_loss']:.4f}", "--sample.prompts=[]", *args]  # fmt: skip
     log = work / f"gpt-fast-{i}.log"
     wall = _cli(["pretrain", "gpt-fast", *over], log, env=_cold_cache(log))
-    evals = [r for r in _rows(run) if "val_loss" in r]
+    rows = _rows(run)
+    evals = [r for r in rows if "val_loss" in r]
     val = lmforge_val_loss(run, a.windows)
     return {"args": args, "wall_s": wall, "steps": evals[-1]["step"], "val_loss_own_eval": evals[-1]["val_loss"],
-            "val_loss": val, "time_ratio": wall / nano["wall_s"], "reached": val <= nano["val_loss"]}  # fmt: skip
+            "val_loss": val, "time_ratio": wall / nano["wall_s"], "reached": val <= nano["val_loss"],
+            **run_timing(log.read_text(), rows)}  # fmt: skip
+
+
+def run_timing(log: str, rows: list[dict]) -> dict:
+    """Where a timed run's seconds went, from its stamped log and its metrics (so that a result file alone says
+    whether fewer steps came from a longer start-up, a longer compilation or slower steps): when the model line
+    and the first logged step came, and the median tokens/s of the logged windows after the first (which holds
+    the compilation)."""
+    stamps = {}
+    for line in log.splitlines():
+        m = re.match(r"\[\s*([\d.]+) s\] (model |step )", line)
+        if m and m.group(2) not in stamps:
+            stamps[m.group(2)] = float(m.group(1))
+    rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][1:]
+    return {"model_line_s": stamps.get("model "), "first_step_log_s": stamps.get("step "),
+            "tokens_per_s": statistics.median(rates) if rates else None}  # fmt: skip
 
 
 def ablation(a, work: Path) -> list[dict]:
