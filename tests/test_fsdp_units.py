@@ -1,5 +1,6 @@
 """train.fsdp_unit_blocks: consecutive blocks of one stack share an FSDP unit, never across stacks; a grouped model
-(one process, gloo) computes the gradients of the unsharded one."""
+(one process, gloo) computes the gradients of the unsharded one, also as one unit (0), whose output shows FSDP its
+tensors; train.ddp_split_graph sets Dynamo's DDP graph splitting."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_units_are_runs_of_consecutive_blocks_within_one_stack():
     blocks = list(gpt.decoder.blocks)
     assert unit_groups(gpt, 1) == [[b] for b in blocks]
     assert unit_groups(gpt, 3) == [blocks[:3], blocks[3:]]
+    assert unit_groups(gpt, 0) == []  # the root unit holds them all
     t5 = _model("t5-tiny")
     enc, dec = list(t5.encoder.blocks), list(t5.decoder.blocks)
     assert unit_groups(t5, 100) == [enc, dec]  # one unit per stack, however many blocks a unit may take
@@ -48,7 +50,7 @@ def _grads(model: torch.nn.Module, **train) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("per_unit", [1, 3])
+@pytest.mark.parametrize("per_unit", [0, 1, 3])
 def test_grouped_units_give_the_gradients_of_the_plain_model(per_unit):
     plain = _grads(_model("gpt-tiny"))
     sharded = _grads(_model("gpt-tiny"), parallel="fsdp", fsdp_unit_blocks=per_unit)
@@ -60,3 +62,35 @@ def test_grouped_units_give_the_gradients_of_the_plain_model(per_unit):
 def test_unit_blocks_need_fsdp():
     with pytest.raises(LMForgeError, match=r"train.fsdp_unit_blocks needs train.parallel=fsdp \(it is ddp\)"):
         check_parallel(LoopConfig(fsdp_unit_blocks=2))
+
+
+def test_model_and_task_outputs_show_their_tensors_to_tree_flatten():
+    """FSDP2 (torch 2.11) hooks the backward of the tensors tree_flatten finds in a unit's output; a model sharded as
+    one unit (fsdp_unit_blocks=0) has no other unit to start its gradient reduction."""
+    from torch.utils._pytree import tree_flatten
+
+    from lmforge.tasks.model import TaskOutput
+
+    model = _model("gpt-tiny", layers=1)
+    out = model(torch.randint(0, 256, (2, 8)))
+    leaves = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    assert any(t is out.logits for t in leaves) and any(t is out.last_hidden_state for t in leaves)
+    task = TaskOutput(out.last_hidden_state, torch.ones(2, 8), out.logits)
+    assert sum(isinstance(t, torch.Tensor) for t in tree_flatten(task)[0]) == 3
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_ddp_split_graph_chooses_dynamos_ddp_graph_splitting(split):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lmforge.train.parallel import ensure_process_group
+
+    ensure_process_group(torch.device("cpu"))
+    before = torch._dynamo.config.optimize_ddp
+    try:
+        torch._dynamo.config.optimize_ddp = not split
+        model = parallelize(_model("gpt-tiny", 1), LoopConfig(ddp_split_graph=split), DistInfo(world_size=2),
+                            torch.device("cpu"))  # fmt: skip
+        assert isinstance(model, DistributedDataParallel) and torch._dynamo.config.optimize_ddp is split
+    finally:
+        torch._dynamo.config.optimize_ddp = before

@@ -203,15 +203,15 @@ def _train_losses(tmp_path, model_kw: dict | None = None, **train) -> tuple[list
     return [float(x) for x in losses], loop
 
 
-def _compiled_like_eager(tmp_path, scope: str, model_kw: dict | None = None):
-    """Four steps eager and four with train.compile_scope=`scope` from the same start: the same losses → (the
-    compiled run's loop, Dynamo's counters counting from its start)."""
+def _compiled_like_eager(tmp_path, scope: str, model_kw: dict | None = None, **train):
+    """Four steps eager and four with train.compile_scope=`scope` (and `train`) from the same start: the same
+    losses → (the compiled run's loop, Dynamo's counters counting from its start)."""
     from torch._dynamo.utils import counters
 
     eager, _ = _train_losses(tmp_path / "eager", model_kw)
     torch._dynamo.reset()
     counters.clear()
-    compiled, loop = _train_losses(tmp_path / scope, model_kw, compile=True, compile_scope=scope)
+    compiled, loop = _train_losses(tmp_path / scope, model_kw, compile=True, compile_scope=scope, **train)
     assert compiled == pytest.approx(eager, rel=1e-4)
     return loop, counters
 
@@ -252,3 +252,25 @@ def test_compiling_the_head_compiles_only_the_lm_loss(tmp_path):
     assert not any(hasattr(m.forward, "__wrapped__") for m in model.modules() if type(m).__name__ == "Block")
     assert not isinstance(loop.step_fn, torch._dynamo.eval_frame.OptimizedModule)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_fsdp_with_one_unit_compiles_the_whole_forward_and_the_lm_loss(tmp_path):
+    loop, counters = _compiled_like_eager(tmp_path, "step", parallel="fsdp", fsdp_unit_blocks=0)
+    model = loop.raw
+    assert hasattr(model.forward, "__wrapped__") and hasattr(model.lm_loss, "__wrapped__")
+    assert not any(hasattr(m.forward, "__wrapped__") for m in model.modules() if type(m).__name__ == "Block")
+    assert counters["stats"]["unique_graphs"] == 2  # the forward, the LM loss: FSDP's one unit around them
+
+
+def test_a_first_step_that_gives_no_parameter_a_gradient_stops_the_run(tmp_path):
+    def detached(model, batch) -> LossOutput:
+        out = _loss(model, batch)
+        return LossOutput(out.loss.detach().requires_grad_(), out.n_tokens)
+
+    cfg = TrainConfig(max_steps=2, warmup_steps=0, log_every=1, prefetch=0)
+    model = Transformer(ModelConfig(vocab_size=100, **TINY_DECODER))
+    with MetricsLogger(tmp_path) as log:
+        loop = Loop(model, detached, _Poisoned(set()), cfg, tmp_path, LoopSpec(saved=lambda: Saved(model, {})),
+                    dist=DistInfo(), device=torch.device("cpu"), log=log)  # fmt: skip
+        with pytest.raises(LMForgeError, match="gave no trainable parameter a gradient"):
+            loop.train_step()

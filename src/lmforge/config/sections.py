@@ -129,14 +129,22 @@ class LoopConfig:
     float8."""
     ddp_bucket_mb: PosFloat = 25.0
     """parallel=ddp: gradient all-reduce bucket size in MiB (larger buckets: fewer, bigger all-reduces)."""
+    ddp_split_graph: bool = False
+    """parallel=ddp with compile: split the compiled step at the gradient buckets, so that each bucket's all-reduce
+    overlaps the rest of the backward (torch's DDPOptimizer). Off: one graph, its all-reduces after the backward,
+    which ran faster for GPT-2 124M on 2 H200s (docs/distributed.md); models with far more gradient bytes per
+    token of compute may gain from the overlap."""
     fsdp_reshard: Literal["auto", "always", "never"] = "auto"
     """parallel=fsdp: free each block's gathered weights after its forward (always: least memory, one more
     all-gather per block in backward) or keep them until backward (never: like ZeRO-2). auto = never when the
     whole model's bf16 weights take under a tenth of a GPU's memory, else always."""
-    fsdp_unit_blocks: PosInt = 1
+    fsdp_unit_blocks: NonNegInt = 1
     """parallel=fsdp: consecutive blocks of one stack that share an FSDP unit (one all-gather and one
     reduce-scatter for all of them). Fewer units mean fewer per-unit hooks on the host, which a small model's step
-    can be bound by; larger units hold more gathered weights at a time and overlap less communication."""
+    can be bound by; larger units hold more gathered weights at a time and overlap less communication. 0 = no unit
+    per block: the whole model is one unit, all-gathered once before the forward and reduce-scattered once after
+    the backward (no overlap with compute), and train.compile compiles its forward whole, as under ddp: for small
+    models, whose blocks are too short to hide per-unit hooks (docs/distributed.md)."""
     async_save: bool = False
     """parallel=fsdp: write checkpoints in a background thread once they are copied to CPU memory; training goes on
     meanwhile and a checkpoint appears (manifest last) when its files are on disk."""

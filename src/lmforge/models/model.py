@@ -52,6 +52,12 @@ class ModelOutput(HFOutputMixin):
     """forward(..., labels=...) only: the LM head's cross-entropy against the labels (models/hf_surface.py)."""
 
 
+# A pytree node, as `transformers` registers its ModelOutput: torch's FSDP2 (up to 2.11 at least) finds a module
+# output's tensors with tree_flatten to hook its backward; a leaf dataclass hid them, so a model sharded as one
+# unit never reduced its gradients.
+torch.utils._pytree.register_dataclass(ModelOutput)
+
+
 def _kinds(attn_kind: Tensor | None, prefix_len: Tensor | None) -> dict:
     """Stack arguments of per-row attention kinds, passed only when given (stack wrappers such as prompt tuning's
     take the plain arguments)."""

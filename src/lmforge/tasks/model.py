@@ -21,6 +21,9 @@ class TaskOutput:
     """The head's output, or None for a model without head (text-to-text)."""
 
 
+torch.utils._pytree.register_dataclass(TaskOutput)  # its tensors visible to FSDP's hooks (as models.ModelOutput)
+
+
 def pool(hidden: Tensor, mask: Tensor, how: str, pooled: Tensor | None = None) -> Tensor:
     """One vector per sequence (B, d) from hidden (B, T, d) and mask (B, T) (right-padded): "last" real token,
     "first" token (BERT's pooler output when the model has one), or "mean" over real tokens."""

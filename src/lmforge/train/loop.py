@@ -128,6 +128,7 @@ class Loop:
         self.last_good: int | None = None
         self.recent: deque[float] = deque(maxlen=cfg.spike_window)
         self.pending = _Pending()
+        self.grads_seen = False  # checked once, after this process's first backward
         self.parts: dict[str, Any] = {}
         self.last_eval: dict[str, float] = {}
         self.done_early = False
@@ -211,6 +212,8 @@ class Loop:
         c = self.cfg
         losses = [self._micro_step(next(self.batches), i == c.grad_accum - 1) for i in range(c.grad_accum)]
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        if not self.grads_seen:
+            self._check_grads()
         gnorm = parallel.grad_norm(self.params, loss.device)  # over every rank's shards
         bad = (~torch.isfinite(loss.float() + gnorm)).float()  # either non-finite makes the sum so
         if self.dist.enabled:  # every rank must skip the same steps, or their weights would drift apart
@@ -230,6 +233,16 @@ class Loop:
         p.losses.append(loss)
         p.norms.append(gnorm)
         p.bad.append(bad)
+
+    def _check_grads(self) -> None:
+        """Some trainable parameter has a gradient after the first backward; else nothing would ever train, and
+        silently (a loss that ignores the parameters, or a parallel wrapper whose hooks never delivered them)."""
+        if not any(p.grad is not None for p in self.params):
+            raise LMForgeError(
+                "the first training step gave no trainable parameter a gradient: the loss does not depend on them, "
+                "or the parallel wrapper did not deliver them; nothing would train"
+            )
+        self.grads_seen = True
 
     # --- reading back ---------------------------------------------------------------------------------------------
 

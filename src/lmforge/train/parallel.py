@@ -7,8 +7,9 @@ reduce-scatters its gradients right after. The root unit holds what lies outside
 norms, task heads); it stays unsharded after forward, so objectives may call its head (`model.logits`) after the
 model's forward. Blocks that run more than once per forward (ALBERT's shared block), whose parameters another block
 shares (T5's shared encoder-decoder) or that are driven sublayer by sublayer (Transformer-XL / XLNet recurrence)
-belong to the root unit. On GPUs under precision auto/bf16, parameters are all-gathered in bf16 and gradients
-reduced in fp32 (MixedPrecisionPolicy); on CPUs (gloo) everything stays fp32."""
+belong to the root unit, as every block does under fsdp_unit_blocks=0. On GPUs under precision auto/bf16,
+parameters are all-gathered in bf16 and gradients reduced in fp32 (MixedPrecisionPolicy); on CPUs (gloo) everything
+stays fp32."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from lmforge.checkpoints import is_dtensor, local
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import Block
+from lmforge.models.model import Transformer
 from lmforge.models.stack import Stack
 from lmforge.train.distributed import DistInfo
 
@@ -79,6 +81,9 @@ def parallelize(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: 
         model = DistributedDataParallel(
             model, device_ids=ids, bucket_cap_mb=cfg.ddp_bucket_mb, gradient_as_bucket_view=True
         )
+        import torch._dynamo
+
+        torch._dynamo.config.optimize_ddp = cfg.ddp_split_graph
     return model
 
 
@@ -96,13 +101,17 @@ def compiles_regions(cfg: LoopConfig) -> bool:
 
 def compile_regions(model: nn.Module, blocks: list[nn.Module], cfg: LoopConfig) -> None:
     """Compile each block's forward under compile_scope=blocks or fsdp (blocks of one shape share one graph:
-    Dynamo caches on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it), or
+    Dynamo caches on the code of Block.forward, with the parameters as inputs; FSDP's hooks stay outside it), the
+    model's whole forward under fsdp with fsdp_unit_blocks=0 (its one unit's hooks run around it), or
     its pointwise chains under compile_scope=pointwise (`_compile_pointwise`), and the LM head with
     its cross-entropy (`lm_loss`: logits over the whole vocabulary, most of a large-vocabulary model's elementwise
     work; under fsdp it runs after the root unit's forward, on its gathered weights). The regions are compiled for
     training steps only: evaluation and generation, under no_grad, run them eager rather than compiling a second
     set of graphs."""
-    if cfg.parallel == "fsdp" or cfg.compile_scope == "blocks":
+    if cfg.parallel == "fsdp" and cfg.fsdp_unit_blocks == 0:  # one unit: its hooks run around the whole forward
+        for m in _outermost(model, Transformer):
+            m.forward = _compiled_with_grad(m.forward, cfg.compile_mode)
+    elif cfg.parallel == "fsdp" or cfg.compile_scope == "blocks":
         for block in blocks:
             block.forward = _compiled_with_grad(block.forward, cfg.compile_mode)
     elif cfg.compile_scope == "pointwise":
@@ -132,6 +141,17 @@ def _compiled_with_grad(fn, mode: str):
         return (compiled if torch.is_grad_enabled() else fn)(*args, **kwargs)
 
     return call
+
+
+def _outermost(model: nn.Module, kind: type) -> list[nn.Module]:
+    """The modules of `kind` in `model` that lie inside no other of that kind (e.g. ELECTRA's two models)."""
+    found: list[nn.Module] = []
+    inner: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, kind) and id(m) not in inner:
+            found.append(m)
+            inner |= {id(x) for x in m.modules()}
+    return found
 
 
 def all_blocks(model: nn.Module) -> list[nn.Module]:
@@ -218,7 +238,10 @@ def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.
 
 
 def unit_groups(model: nn.Module, per_unit: int) -> list[list[nn.Module]]:
-    """`shard_units` in runs of up to `per_unit` consecutive blocks of one stack, each run one FSDP unit."""
+    """`shard_units` in runs of up to `per_unit` consecutive blocks of one stack, each run one FSDP unit (none for
+    per_unit=0: the root unit holds the whole model)."""
+    if per_unit == 0:
+        return []
     stack_of = {id(b): id(s) for s in model.modules() if isinstance(s, Stack) for b in s.blocks}
     groups: list[list[nn.Module]] = []
     for unit in shard_units(model):
