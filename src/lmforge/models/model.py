@@ -52,9 +52,9 @@ class ModelOutput(HFOutputMixin):
     """forward(..., labels=...) only: the LM head's cross-entropy against the labels (models/hf_surface.py)."""
 
 
-# A pytree node, as `transformers` registers its ModelOutput: torch's FSDP2 (up to 2.11 at least) finds a module
-# output's tensors with tree_flatten to hook its backward; a leaf dataclass hid them, so a model sharded as one
-# unit never reduced its gradients.
+# A pytree node, as `transformers` registers its ModelOutput: torch 2.11's FSDP2 finds a unit's output tensors with
+# tree_flatten to hook their backward; as a leaf this dataclass hid them, and a model sharded as one unit never
+# reduced its gradients (torch 2.13's FSDP2 looks into dataclasses).
 torch.utils._pytree.register_dataclass(ModelOutput)
 
 
