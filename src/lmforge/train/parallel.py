@@ -27,11 +27,11 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from lmforge.adapt.inject import transformers_in
 from lmforge.checkpoints import is_dtensor, local
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import Block
-from lmforge.models.model import Transformer
 from lmforge.models.stack import Stack
 from lmforge.train.distributed import DistInfo
 
@@ -109,7 +109,7 @@ def compile_regions(model: nn.Module, blocks: list[nn.Module], cfg: LoopConfig) 
     training steps only: evaluation and generation, under no_grad, run them eager rather than compiling a second
     set of graphs."""
     if cfg.parallel == "fsdp" and cfg.fsdp_unit_blocks == 0:  # one unit: its hooks run around the whole forward
-        for m in _outermost(model, Transformer):
+        for m in transformers_in(model):
             m.forward = _compiled_with_grad(m.forward, cfg.compile_mode)
     elif cfg.parallel == "fsdp" or cfg.compile_scope == "blocks":
         for block in blocks:
@@ -141,17 +141,6 @@ def _compiled_with_grad(fn, mode: str):
         return (compiled if torch.is_grad_enabled() else fn)(*args, **kwargs)
 
     return call
-
-
-def _outermost(model: nn.Module, kind: type) -> list[nn.Module]:
-    """The modules of `kind` in `model` that lie inside no other of that kind (e.g. ELECTRA's two models)."""
-    found: list[nn.Module] = []
-    inner: set[int] = set()
-    for m in model.modules():
-        if isinstance(m, kind) and id(m) not in inner:
-            found.append(m)
-            inner |= {id(x) for x in m.modules()}
-    return found
 
 
 def all_blocks(model: nn.Module) -> list[nn.Module]:
