@@ -1,5 +1,5 @@
 """The classify pipeline end to end at CPU size (`lmforge experiment classify-tiny --pretrain-procs 2`): a tiny encoder
-pretrained on two processes, then fine-tuned on the four fetched labelled sets at both learning rates, beside their
+pretrained on two processes, then fine-tuned on the four fetched labelled sets in both fine-tuning arms, beside their
 bag-of-words baselines. Stand-in sets (a few examples each, in the fetched-set layout) replace the registry
 downloads."""
 
@@ -45,7 +45,7 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((out / "classify-tiny.json").read_text())
-    grid = ["pre-0.0001", "pre-0.0002"]  # the two learning rates
+    grid = ["pre-0.0002", "pre-llrd-0.0003"]  # the two fine-tuning arms
     assert [row["arm"] for row in data["rows"]] == grid + ["majority class", "tf-idf + LR"]
     runs = {x["name"]: x["state"] for x in data["runs"]}
     assert len(runs) == 9 and set(runs.values()) == {"finished"}
