@@ -62,5 +62,7 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
             assert (run / "best").is_dir() and not (run / "checkpoints").exists()  # finished: resumables dropped
             test = json.loads((run / "eval_test.json").read_text())
             assert row["values"][f"{name} test accuracy"]["values"] == [pytest.approx(100 * test["accuracy"])]
+            train = yaml.safe_load((run / "config.yaml").read_text())["train"]  # each arm's own keys reached the run
+            assert (train["lr"], train["layer_decay"]) == {grid[0]: (2e-4, 1.0), grid[1]: (3e-4, 0.8)}[row["arm"]]
         # The word that names the label makes the stand-in sets separable: the bag of words gets every dev example.
         assert data["rows"][3]["values"][f"{name} dev accuracy"]["values"] == [100.0]
