@@ -137,6 +137,37 @@ def test_finetune_arms_random_init_and_recipe_per_architecture(tmp_path):
         plan_experiment(load_experiment(write(tmp_path, data)), make_data=False)
 
 
+def test_an_arm_from_another_tasks_fine_tune_runs_after_it_on_the_other_tasks(tmp_path):
+    data = {**TINY, "seeds": [0, 1], "pretrain": {**TINY["pretrain"], "arms": ["gpt"]}}
+    data["finetune"] = {"tasks": [{"name": t, "recipe": "sst2-gpt"} for t in ("big", "small", "other")],
+                        "arms": {"pre": {"init": "gpt"}, "via": {"init": "big/pre", "train.lr": 1e-5}}}  # fmt: skip
+    exp = load_experiment(write(tmp_path, data))
+    assert [exp.source(a) for a in exp.finetune_arms] == [None, ("big", "pre")]
+    ft = {a.name: a for a in plan_experiment(exp, make_data=False).arms if a.kind == "finetune"}
+    assert "finetune/big/via-s0" not in ft and len(ft) == 3 * 2 + 2 * 2  # not on its own intermediate task
+    out = tmp_path / "out" / "finetune"
+    for task in ("small", "other"):
+        for seed in (0, 1):
+            arm = ft[f"finetune/{task}/via-s{seed}"]
+            assert arm.after == [f"finetune/big/pre-s{seed}"] and arm.init == str(out / "big" / f"pre-s{seed}")
+            assert arm.overrides["train.lr"] == 1e-5 and arm.info["via"] == "big/pre"
+            assert arm.info["init_arm"] == "gpt" and arm.info["pretrain_run"] == f"pretrain/gpt-s{seed}"
+
+
+@pytest.mark.parametrize(
+    ("init", "message"),
+    [("s/nope", "init: 's/nope': 'nope' is not a fine-tuning arm (pre, via)"),
+     ("s/via", "init: 's/via' starts from another task's fine-tune itself")],
+)
+def test_an_intermediate_task_names_an_arm_that_starts_from_pretraining(tmp_path, init, message):
+    data = {**TINY, "pretrain": {**TINY["pretrain"], "arms": ["gpt"]}}
+    data["finetune"] = {"tasks": [{"name": "s", "recipe": "sst2-gpt"}],
+                        "arms": {"pre": {"init": "gpt"}, "via": {"init": init}}}  # fmt: skip
+    with pytest.raises(LMForgeError) as e:
+        load_experiment(write(tmp_path, data))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -3,7 +3,8 @@
 - OUT/pretrain/<arm>-s<seed>: `lmforge pretrain`, its steps from the budget: equal tokens (batch × seq_len ×
   grad_accum a step), equal FLOPs (the objective's `window_flops`, models/flops.py, × batch × grad_accum a step)
   or equal steps. Arms that do not continue another share one tokenizer and prepared corpus (OUT/shared/<data>).
-- OUT/finetune/<task>/<arm>-s<seed>: `lmforge finetune RECIPE --init ARM_RUN` (or a preset / none: random init).
+- OUT/finetune/<task>/<arm>-s<seed>: `lmforge finetune RECIPE --init ARM_RUN` (or a preset / none: random init; or,
+  for init: TASK/ARM, the same seed's fine-tune of ARM on TASK).
 - OUT/eval/<eval>/<arm>-s<seed>: `lmforge eval ARM_RUN --task TASK`, zero/few-shot.
 
 A later stage's seed s uses the pretraining run of seed s, or the only one when the arm was pretrained once."""
@@ -166,30 +167,47 @@ def _pretrain_info(cfg, budget: Budget | None, what: str) -> dict[str, Any]:
 
 
 def _finetuning(exp: Experiment, plan: Plan, cfgs: dict[str, Any]) -> list[Arm]:
+    """Every fine-tuning run: first the arms that start from pretraining (or a preset, a dir, none), then those that
+    start from another task's fine-tune (`Experiment.source`), each after the run it continues."""
     from lmforge.tasks.config import load_finetune_config
 
-    out = []
-    for task in exp.tasks:
-        for spec in exp.finetune_arms:
-            what = f"fine-tuning arm {spec.name} ({task.name})"
-            over = exp.finetune_overrides | task.overrides | exp.finetune_cli | spec.overrides
-            for seed in exp.finetune_seeds:
-                o = over | {"run.seed": seed}
-                init, arch, after = _init(spec, seed, plan, cfgs, what)
-                recipe = _recipe_for(task, arch, spec, o, what)
-                if spec.init == "none" and plan.tokenizer and "model.tokenizer" not in o:
-                    o["model.tokenizer"] = plan.tokenizer  # random init: the pretrained arms' vocabulary
-                run = f"{spec.name}-s{seed}"
-                run_dir = exp.out / "finetune" / task.name / run
-                try:
-                    load_finetune_config(recipe, cli_args(o | {"run.dir": str(run_dir)}), init=init)
-                except LMForgeError as e:
-                    raise LMForgeError(f"{what}: {e}") from None
-                init_arm = spec.init if spec.init in plan.pretrain else None
-                info = {"stage": "finetune", "task": task.name, "arm": spec.name, "seed": seed, "recipe": recipe,
-                        "init": init, "init_arm": init_arm, "pretrain_run": after[0] if after else None}  # fmt: skip
-                out.append(Arm(f"finetune/{task.name}/{run}", run_dir, recipe, o, None, info, "finetune", init,
-                               after=after))  # fmt: skip
+    out: list[Arm] = []
+    made: dict[tuple[str, str, int], tuple[Arm, str | None]] = {}  # (task, arm, seed) → its run, architecture
+    specs = exp.finetune_arms
+    for stage in ([s for s in specs if exp.source(s) is None], [s for s in specs if exp.source(s) is not None]):
+        for task in exp.tasks:
+            for spec in stage:
+                src = exp.source(spec)
+                if src is not None and src[0] == task.name:
+                    continue  # a task is not its own intermediate task
+                what = f"fine-tuning arm {spec.name} ({task.name})"
+                over = exp.finetune_overrides | task.overrides | exp.finetune_cli | spec.overrides
+                for seed in exp.finetune_seeds:
+                    o = over | {"run.seed": seed}
+                    if src is None:
+                        init, arch, after = _init(spec, seed, plan, cfgs, what)
+                        init_arm = spec.init if spec.init in plan.pretrain else None
+                        pretrain_run = after[0] if after else None
+                    else:
+                        first, arch = made[(*src, seed)]
+                        init, after = str(first.run_dir), [first.name]
+                        init_arm, pretrain_run = first.info["init_arm"], first.info["pretrain_run"]
+                    recipe = _recipe_for(task, arch, spec, o, what)
+                    if spec.init == "none" and plan.tokenizer and "model.tokenizer" not in o:
+                        o["model.tokenizer"] = plan.tokenizer  # random init: the pretrained arms' vocabulary
+                    run = f"{spec.name}-s{seed}"
+                    run_dir = exp.out / "finetune" / task.name / run
+                    try:
+                        load_finetune_config(recipe, cli_args(o | {"run.dir": str(run_dir)}), init=init)
+                    except LMForgeError as e:
+                        raise LMForgeError(f"{what}: {e}") from None
+                    info = {"stage": "finetune", "task": task.name, "arm": spec.name, "seed": seed, "recipe": recipe,
+                            "init": init, "init_arm": init_arm, "pretrain_run": pretrain_run,
+                            "via": "/".join(src) if src else None}  # fmt: skip
+                    arm = Arm(f"finetune/{task.name}/{run}", run_dir, recipe, o, None, info, "finetune", init,
+                              after=after)  # fmt: skip
+                    made[(task.name, spec.name, seed)] = (arm, arch)
+                    out.append(arm)
     return out
 
 

@@ -56,7 +56,8 @@ def build_rows(results: list[ArmResult]) -> tuple[list[Row], list[str]]:
 
     for r in (x for x in results if x.arm.kind == "finetune"):
         i = r.arm.info
-        row = rows.setdefault(i["arm"], Row(i["arm"], i["init_arm"], i["init_arm"] or _short_init(i["init"])))
+        shown = (i["init_arm"] or _short_init(i["init"])) + (f" → {i['via']}" if i.get("via") else "")
+        row = rows.setdefault(i["arm"], Row(i["arm"], i["init_arm"], shown))
         seeds.setdefault(row.name, set()).add(i["seed"])
         if i["pretrain_run"]:
             sources.setdefault(row.name, set()).add(i["pretrain_run"])
@@ -90,7 +91,8 @@ BASELINES = {"majority": "majority class", "tfidf_lr": "tf-idf + LR"}
 def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[str, Any]]:
     """`finetune.select`: per task, the fine-tuning row with the best mean dev metric (a held-out task: the best mean
     over the other tasks' dev means), its dev mean, test values and the baselines' test value. Only rows with a run
-    of every fine-tuning seed on the tasks compared take part."""
+    of every fine-tuning seed on the tasks compared take part. A held-out task compares its arms on the tuned tasks
+    that every one of them runs on (an arm with init: TASK/ARM does not run on TASK)."""
     sel = exp.selection
     if sel is None:
         return []
@@ -101,21 +103,19 @@ def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[
         values = row.cells.get(f"{task} dev {sel.metric}", [])
         return statistics.fmean(values) if len(values) == len(exp.finetune_seeds) else None
 
+    skips = {a.name: src[0] for a in exp.finetune_arms if (src := exp.source(a)) is not None}
     out = []
     for task in (t.name for t in exp.tasks):
         held = task in sel.held_out
-        scores = []
-        for row in arms:
-            own = dev(row, task)
-            basis = [dev(row, t) for t in tuned] if held else [own]
-            if own is not None and None not in basis:
-                scores.append((statistics.fmean(basis), row))
-        if not scores:
+        cands = [row for row in arms if dev(row, task) is not None]
+        on = [t for t in tuned if all(skips.get(row.name) != t for row in cands)] if held else [task]
+        scores = [(statistics.fmean(basis), row) for row in cands if None not in (basis := [dev(row, t) for t in on])]
+        if not on or not scores:
             continue
         score, row = max(scores, key=lambda x: x[0])  # the first of equals
         base = {b.name: b.cells[f"{task} test {sel.metric}"][0] for b in baselines
                 if f"{task} test {sel.metric}" in b.cells}  # fmt: skip
-        out.append({"task": task, "arm": row.name, "held_out": held, "chosen_on": tuned if held else [task],
+        out.append({"task": task, "arm": row.name, "held_out": held, "chosen_on": on,
                     "score": score, "dev": dev(row, task), "test": row.cells.get(f"{task} test {sel.metric}", []),
                     "baselines": base})  # fmt: skip
     return out

@@ -55,8 +55,9 @@ class ArmSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     recipe: str | dict[str, str] | None = None
     init: str | None = None
-    """pretrain: an earlier pretraining arm to continue (run.init); finetune: a pretraining arm, a run or checkpoint
-    dir, a preset, or none (random init of model.preset)."""
+    """pretrain: an earlier pretraining arm to continue (run.init); finetune: a pretraining arm, another task's
+    fine-tuning arm as TASK/ARM (`Experiment.source`), a run or checkpoint dir, a preset, or none (random init of
+    model.preset)."""
     budget: Budget | None = None
 
 
@@ -117,6 +118,15 @@ class Experiment:
     def name(self) -> str:
         return self.path.stem
 
+    def source(self, arm: ArmSpec) -> tuple[str, str] | None:
+        """(task, fine-tuning arm) when fine-tuning arm `arm` has init: TASK/ARM, else None. That is intermediate-task
+        training (Phang et al. 2018, "STILTs"): on every other task, seed s starts from the backbone of ARM's seed-s
+        run on TASK (its best dev checkpoint) with a new head; on TASK itself the arm does not run."""
+        task, _, name = (arm.init or "").partition("/")
+        if task in {t.name for t in self.tasks} and name in {a.name for a in self.finetune_arms}:
+            return task, name
+        return None
+
 
 def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | None = None) -> Experiment:
     """Read and validate an experiment file (a path or a bundled name in recipes/experiments/), with command-line
@@ -168,11 +178,34 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
         raise LMForgeError(
             f"{p}: finetune arm '{orphans[0]}' has no init: (a pretraining arm, a run dir, a preset or none)"
         )
-    return Experiment(
+    exp = Experiment(
         p, str(raw.get("description", "")).strip(), Path(out or raw.get("out") or f"runs/experiments/{p.stem}"),
         seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_cli, ft_arms, tasks,
         evals, selection,
     )  # fmt: skip
+    _check_sources(exp)
+    return exp
+
+
+def _check_sources(exp: Experiment) -> None:
+    """An init: TASK/ARM names a task and a fine-tuning arm of this experiment, and that arm starts from pretraining
+    (one intermediate task, not a chain)."""
+    tasks = {t.name for t in exp.tasks}
+    arms = {a.name: a for a in exp.finetune_arms}
+    for arm in exp.finetune_arms:
+        task, slash, name = (arm.init or "").partition("/")
+        if not slash or task not in tasks:
+            continue
+        if name not in arms:
+            raise LMForgeError(
+                f"{exp.path}: finetune arm '{arm.name}': init: '{arm.init}': '{name}' is not a fine-tuning arm "
+                f"({', '.join(arms)})"
+            )
+        if exp.source(arms[name]) is not None:
+            raise LMForgeError(
+                f"{exp.path}: finetune arm '{arm.name}': init: '{arm.init}' starts from another task's fine-tune "
+                "itself; an arm's intermediate task must start from pretraining"
+            )
 
 
 def _with_base(path: Path, seen: set[Path]) -> dict:
