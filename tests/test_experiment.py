@@ -156,8 +156,10 @@ def test_an_arm_from_another_tasks_fine_tune_runs_after_it_on_the_other_tasks(tm
 
 @pytest.mark.parametrize(
     ("init", "message"),
-    [("s/nope", "init: 's/nope': 'nope' is not a fine-tuning arm (pre, via)"),
-     ("s/via", "init: 's/via' starts from another task's fine-tune itself")],
+    [
+        ("s/nope", "init: 's/nope': 'nope' is not a fine-tuning arm (pre, via)"),
+        ("s/via", "init: 's/via' starts from another task's fine-tune itself"),
+    ],
 )
 def test_an_intermediate_task_names_an_arm_that_starts_from_pretraining(tmp_path, init, message):
     data = {**TINY, "pretrain": {**TINY["pretrain"], "arms": ["gpt"]}}
