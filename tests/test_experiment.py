@@ -1,8 +1,7 @@
 """`lmforge experiment`: experiment files (bundled ones included), budgets (equal tokens, equal FLOPs per objective),
-grids, seeds across stages, run selection, the runner's dependencies between runs, the results table, and bad
-files as one-line errors. The end-to-end runs are in test_experiment_cli.py."""
+grids, seeds across stages, run selection, the runner's dependencies between runs, and bad files as one-line
+errors. The results tables are in test_experiment_report.py, the end-to-end runs in test_experiment_cli.py."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
 from lmforge.experiments.experiment import budget_text, select
 from lmforge.experiments.plan import plan_experiment
-from lmforge.experiments.results import build_rows, fmt, render, summary_json
 from lmforge.experiments.runner import Arm, ArmResult, arm_command, arm_final, failure_reason, run_arms
 from lmforge.experiments.spec import load_experiment
 from lmforge.objectives import OBJECTIVES
@@ -407,89 +405,6 @@ def test_a_pretraining_arm_that_ended_on_its_clock_is_finished(tmp_path):
 
     facts = pretrain_facts([ArmResult(arm, "finished", arm_final(arm))])["p"]
     assert facts["steps"] == 230 and facts["tokens"] == 230 * 512  # the table shows the steps it ran
-
-
-def _result(kind, name, info, final, after=()):
-    return ArmResult(Arm(name, Path("/r") / name, "x", {}, 5, info, kind, after=list(after)), "finished", final)
-
-
-def test_table_rows_mean_and_std_over_seeds(tmp_path):
-    pre = {"stage": "pretrain", "arm": "gpt", "seed": 0, "params": 1_000_000, "steps": 10, "tokens": 5120,
-           "flops": 1e12, "tokens_per_step": 512, "flops_per_step": 1e11}  # fmt: skip
-    results = [_result("pretrain", "pretrain/gpt-s0", pre, {"step": 10, "val_loss": 3.5})]
-    results.append(_result("eval", "eval/zs/gpt-s0", {"eval": "zs", "arm": "gpt", "seed": 0,
-                                                       "pretrain_run": "pretrain/gpt-s0"},
-                           {"sentiment": {"accuracy": 0.6}}))  # fmt: skip
-    for arm, init, accs in (("pretrained", "gpt", (0.8, 0.7)), ("random-init", None, (0.5, 0.6))):
-        for seed, acc in enumerate(accs):
-            info = {"stage": "finetune", "task": "s", "arm": arm, "seed": seed, "init": init or "none",
-                    "init_arm": init, "pretrain_run": "pretrain/gpt-s0" if init else None}  # fmt: skip
-            results.append(_result("finetune", f"finetune/s/{arm}-s{seed}", info,
-                                   {"dev": {"accuracy": acc}, "test": {"accuracy": acc - 0.1}}))  # fmt: skip
-    rows, columns = build_rows(results)
-    assert columns == ["val loss", "zs accuracy", "s dev accuracy", "s test accuracy"]
-    assert [(r.name, r.init, r.seeds) for r in rows] == [("pretrained", "gpt", 2), ("random-init", "none", 2)]
-    assert rows[0].cells["val loss"] == [3.5] and rows[0].cells["zs accuracy"] == [60.0]
-    assert rows[0].cells["s dev accuracy"] == pytest.approx([80.0, 70.0]) and "val loss" not in rows[1].cells
-    assert fmt(rows[0].cells["s dev accuracy"], 1) == "75.0 ± 7.1" and fmt([3.5], 4) == "3.5000"
-    from lmforge.experiments.spec import Experiment
-
-    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, {}, [], [], [])
-    table = render(exp, results, "equal steps")
-    assert "| pretrained | gpt | 2 | 1M | 10 | 5.12k | 1.00e+12 | 3.5000 | 60.0 | 75.0 ± 7.1 | 65.0 ± 7.1 |" in table
-    assert "| random-init | none | 2 | – | – | – | – | – | – | 55.0 ± 7.1 | 45.0 ± 7.1 |" in table
-    data = summary_json(exp, results, "equal steps")
-    assert data["rows"][1]["values"]["s dev accuracy"]["values"] == pytest.approx([50.0, 60.0])
-    json.dumps(data)  # plain JSON
-
-
-def test_chosen_on_dev_with_a_held_out_task(tmp_path):
-    """finetune.select: each task takes the arm with its best mean dev accuracy; the held-out task takes the arm best
-    on the other tasks' dev, whatever its own dev says, and only among arms that have them all; an arm missing a seed
-    takes no part."""
-    from lmforge.experiments.results import Row
-    from lmforge.experiments.spec import Experiment, FinetuneTask, Selection
-
-    dev = {"lo": {"a": (80, 80), "b": (60, 60), "h": (90, 90)}, "hi": {"a": (70, 70), "b": (75, 75), "h": (50, 52)},
-           "part": {"h": (99, 99), "b": (99, 99)}, "one-seed": {"a": (99,), "b": (99,), "h": (99,)}}  # fmt: skip
-    results = []
-    for arm, tasks in dev.items():
-        for task, values in tasks.items():
-            for seed, v in enumerate(values):
-                info = {"stage": "finetune", "task": task, "arm": arm, "seed": seed, "init": "none", "init_arm": None,
-                        "pretrain_run": None}  # fmt: skip
-                final = {"dev": {"accuracy": v / 100}, "test": {"accuracy": (v - 10 + seed) / 100}}
-                results.append(_result("finetune", f"finetune/{task}/{arm}-s{seed}", info, final))
-    tasks = [FinetuneTask(t, "sst2-bert") for t in "abh"]
-    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0, 1], {}, {}, [], tasks, [],
-                     Selection("accuracy", ["h"]))  # fmt: skip
-    tfidf = Row("tf-idf + LR", None, seeds=1, cells={"a test accuracy": [65.0], "h test accuracy": [30.0]})
-    picks = {p["task"]: p for p in summary_json(exp, results, "–", [tfidf])["chosen"]}
-    assert {t: p["arm"] for t, p in picks.items()} == {"a": "lo", "b": "part", "h": "hi"}
-    assert picks["h"]["held_out"] and picks["h"]["chosen_on"] == ["a", "b"] and picks["h"]["dev"] == 51
-    assert picks["h"]["score"] == pytest.approx(72.5)
-    assert picks["a"]["test"] == pytest.approx([70.0, 71.0]) and picks["a"]["baselines"] == {"tf-idf + LR": 65.0}
-    table = render(exp, results, "–", [tfidf])
-    assert "| a | lo | its dev | 80.0 | 70.5 ± 0.7 | – | 65.0 | +5.5 | 0.84 |" in table
-    assert "| h (held out) | hi | mean dev over a, b | 51.0 | 41.5 ± 2.1 | – | 30.0 | +11.5 | 0.84 |" in table
-
-
-def test_pretraining_only_table(tmp_path):
-    from lmforge.experiments.spec import Experiment
-
-    results = []
-    for arm, losses in (("causal", (3.4, 3.6)), ("prefix", (3.0, 3.1))):
-        for seed, loss in enumerate(losses):
-            info = {"stage": "pretrain", "arm": arm, "seed": seed, "params": 2000, "steps": 8, "tokens": 4096,
-                    "flops": 3e9, "tokens_per_step": 512, "flops_per_step": 3.75e8}  # fmt: skip
-            results.append(_result("pretrain", f"pretrain/{arm}-s{seed}", info, {"step": 8, "val_loss": loss}))
-    results[-1].state, results[-1].final = "failed", None
-    exp = Experiment(tmp_path / "p.yaml", "", tmp_path, [0, 1], "gpt", {}, [], None, [0, 1], {}, {}, [], [], [])
-    table = render(exp, results, "equal steps, 8 steps an arm")
-    assert "| arm | seeds | params | steps | tokens | FLOPs | val loss |" in table  # no init column
-    assert "| causal | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.5000 ± 0.1414 |" in table
-    assert "| prefix | 2 | 2k | 8 | 4.1k | 3.00e+09 | 3.0000 |" in table  # the failed seed is left out ...
-    assert "**Failed, so missing from the table:** pretrain/prefix-s1 (their arm.log" in table  # ... and named
 
 
 def test_pretraining_on_several_processes(tmp_path):
