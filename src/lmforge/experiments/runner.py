@@ -270,9 +270,12 @@ def run_arms(arms: list[Arm], jobs: int = 1, devices: list[str] | None = None, p
             _fail_orphans(todo, results)
             unstarted = False  # an arm that could not start frees its slot for the next one
             for slot in range(jobs):
-                arm = _next_ready(todo, results, lambda a: not _in_use(a, waiting)) if slot not in running else None
-                if arm is None or any(a.procs > 1 for a, _, _ in running.values()) or arm.procs > 1 and running:
+                if slot in running or any(a.procs > 1 for a, _, _ in running.values()):
                     continue  # a run on several processes has the machine to itself
+                arm = _next_ready(todo, results, lambda a: not _in_use(a, waiting))
+                if arm is None or arm.procs > 1 and running:
+                    continue  # it starts once the running arms have ended; nothing else starts before it
+                todo.remove(arm)
                 final = arm_final(arm)  # the process it waited for may have finished the run
                 if final is not None:
                     results[arm.name] = ArmResult(arm, "skipped", final)
@@ -361,10 +364,10 @@ def _stop_on_sigterm():
 
 
 def _next_ready(todo: list[Arm], results: dict[str, ArmResult], free: Callable[[Arm], bool]) -> Arm | None:
-    """Remove and return the first waiting arm whose `after` arms have all finished and whose run dir is `free`."""
-    for i, arm in enumerate(todo):
+    """The first waiting arm whose `after` arms have all finished and whose run dir is `free` (left in `todo`)."""
+    for arm in todo:
         if all(n in results and results[n].state != "failed" for n in arm.after) and free(arm):
-            return todo.pop(i)
+            return arm
     return None
 
 
