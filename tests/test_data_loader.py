@@ -133,8 +133,14 @@ def test_loader_errors(tmp_path: Path) -> None:
     small = write_prepared(tmp_path / "s", np.arange(8), np.arange(50))
     with pytest.raises(LMForgeError, match=r"train split has 8 tokens, need at least seq_len\+1 = 9$"):
         TokenLoader(small, "train", SEQ, 2)
-    with pytest.raises(LMForgeError, match=r"val split has 50 tokens = 6 windows of 9, need at least .* = 8$"):
-        TokenLoader(small, "val", SEQ, 4, world_size=2)
+    too_few = r"split has 50 tokens = 6 windows of 9, need at least batch_size\*world_size = 8$"
+    with pytest.raises(LMForgeError, match="train " + too_few):
+        TokenLoader(write_prepared(tmp_path / "t", np.arange(50), np.arange(50)), "train", SEQ, 4, world_size=2)
+    # A validation split smaller than one global batch is scored whole, in one smaller batch; it cannot train.
+    val = [TokenLoader(small, "val", SEQ, 4, rank=r, world_size=2) for r in range(2)]
+    assert [[len(b) for b in v.eval_batches()] for v in val] == [[3], [3]]
+    with pytest.raises(LMForgeError, match="val " + too_few):
+        next(val[0])
     (small / "val.bin").write_bytes(b"\x00" * 10)
     with pytest.raises(LMForgeError, match="val.bin: 10 bytes, meta.json says 50 uint16 tokens$"):
         TokenLoader(small, "val", SEQ, 1)

@@ -96,11 +96,8 @@ class TokenLoader:
         self.n_windows = (n - 1) // seq_len
         self.global_batch = batch_size * world_size
         self.batches_per_epoch = self.n_windows // self.global_batch
-        if self.batches_per_epoch == 0:
-            raise LMForgeError(
-                f"{self.data_dir} {split} split has {n} tokens = {self.n_windows} windows of "
-                f"{seq_len + 1}, need at least batch_size*world_size = {self.global_batch}"
-            )
+        if self.batches_per_epoch == 0 and split == "train":  # validation scores what there is (`eval_global`)
+            raise LMForgeError(self._too_small())
         self._offsets = np.arange(seq_len + 1, dtype=np.int64)  # (L,) positions inside a window
         self.epoch = self.batch = 0
         self._perm: np.ndarray | None = None
@@ -118,7 +115,13 @@ class TokenLoader:
     def __iter__(self) -> TokenLoader:
         return self
 
+    def _too_small(self) -> str:
+        return (f"{self.data_dir} {self.split} split has {len(self.tokens)} tokens = {self.n_windows} windows of "
+                f"{self.seq_len + 1}, need at least batch_size*world_size = {self.global_batch}")  # fmt: skip
+
     def __next__(self) -> torch.Tensor:
+        if self.batches_per_epoch == 0:
+            raise LMForgeError(self._too_small())
         if self._perm is None:
             self._perm = self.permutation(self.epoch)
         start = self.batch * self.global_batch + self.rank * self.batch_size
