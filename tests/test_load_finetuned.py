@@ -73,3 +73,24 @@ def test_lora_is_folded_in_and_adapters_are_refused(pretrained, tmp_path):
     run = _finetuned(pretrained, tmp_path / "houlsby", method="houlsby")
     with pytest.raises(LMForgeError, match=r"its houlsby modules live inside the fine-tuned network"):
         lmforge.load(run)
+
+
+def test_a_fine_tune_from_another_fine_tune_keeps_its_backbone_and_gets_a_head_of_its_own_labels(finetuned, tmp_path):
+    """Intermediate-task training (an experiment's `init: TASK/ARM`): `--init` a fine-tuned run of another task."""
+    import tasks_testing as T
+
+    from lmforge.data.examples import Dataset, Example
+
+    labels = ["low", "mid", "high"]
+    rows = [Example(text=f"{T.TEXTS[i % len(T.TEXTS)]} {labels[i % 3]}", label=labels[i % 3]) for i in range(48)]
+    data = T.write_labelled_dir(tmp_path / "three", {"train": Dataset(rows[:32], labels),
+                                                     "dev": Dataset(rows[32:], labels)})  # fmt: skip
+    run = tmp_path / "next"
+    lmforge.finetune("sst2-gpt", init=finetuned, train={"max_steps": 1, "lr": 1e-9}, run={"dir": str(run)},
+                     data={"source": "dir", "dir": str(data), "max_train": 32, "max_eval": 16})  # fmt: skip
+    _, first, _, _ = load_finetuned(finetuned)
+    task, second, _, cfg = load_finetuned(str(run))
+    assert task.labels == labels and cfg.model.init == finetuned
+    assert [p.shape[0] for p in second.head.parameters()][-1] == 3  # a new head: one output per label
+    one, two = first.backbone.state_dict(), second.backbone.state_dict()
+    assert one.keys() == two.keys() and all(torch.allclose(one[k], two[k], atol=1e-6) for k in one)
