@@ -4,11 +4,13 @@ fine-tuned backbone as a plain Transformer, LoRA folded in; adapters that have n
 from __future__ import annotations
 
 import pytest
+import tasks_testing as T
 import torch
 
 import lmforge
 from lmforge.adapt.lora import LoRALinear
 from lmforge.cli import main
+from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.loading import load_finetuned
 from lmforge.models import Transformer
@@ -77,10 +79,6 @@ def test_lora_is_folded_in_and_adapters_are_refused(pretrained, tmp_path):
 
 def test_a_fine_tune_from_another_fine_tune_keeps_its_backbone_and_gets_a_head_of_its_own_labels(finetuned, tmp_path):
     """Intermediate-task training (an experiment's `init: TASK/ARM`): `--init` a fine-tuned run of another task."""
-    import tasks_testing as T
-
-    from lmforge.data.examples import Dataset, Example
-
     labels = ["low", "mid", "high"]
     rows = [Example(text=f"{T.TEXTS[i % len(T.TEXTS)]} {labels[i % 3]}", label=labels[i % 3]) for i in range(48)]
     data = T.write_labelled_dir(tmp_path / "three", {"train": Dataset(rows[:32], labels),

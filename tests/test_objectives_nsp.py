@@ -50,8 +50,8 @@ def pair_loader(data, tok, **kw) -> SentencePairLoader:
     args = dict(rank=0, world_size=1, seed=0, end_ids=sentence_end_ids(tok), cls_id=tok.cls_id,
                 sep_id=tok.sep_id, pad_id=tok.pad_id)  # fmt: skip
     args.update(kw)
-    bs = args.pop("batch_size", 16)
-    return SentencePairLoader(data, "train", args.pop("seq_len", T), bs, **args)
+    bs, split = args.pop("batch_size", 16), args.pop("split", "train")
+    return SentencePairLoader(data, split, args.pop("seq_len", T), bs, **args)
 
 
 def segments(tok, ids: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -142,6 +142,14 @@ def test_world_size_invariance_resume_and_eval(data, tok):
     assert len(a) == 3 and all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
     halves = [next(pair_loader(data, tok, batch_size=4, rank=r, world_size=2).eval_batches(1)) for r in (0, 1)]
     assert torch.equal(torch.cat([h["input_ids"] for h in halves]), a[0]["input_ids"])
+    # A validation split smaller than one global batch is scored whole, in one smaller batch; it cannot train.
+    n = pair_loader(data, tok, split="val").n_examples
+    val = pair_loader(data, tok, split="val", batch_size=n + 1)
+    assert [len(b["input_ids"]) for b in val.eval_batches()] == [n]
+    with pytest.raises(LMForgeError, match=rf"val split has {n} sentence chunks of at most \d+ tokens, need at least"):
+        next(val)
+    with pytest.raises(LMForgeError, match=r"train split has \d+ sentence chunks .* need at least batch_size"):
+        pair_loader(data, tok, batch_size=10**6)
 
 
 def test_doc_sentences_never_cross_documents(data, tok):

@@ -127,11 +127,9 @@ class ChunkLoader:
         self.n_examples = len(self.index.chunk_first)
         self.global_batch = batch_size * world_size
         self.batches_per_epoch = self.n_examples // self.global_batch
-        if self.batches_per_epoch == 0:
-            raise LMForgeError(
-                f"{self.data_dir} {split} split has {self.n_examples} sentence chunks of at most {max_tokens} "
-                f"tokens, need at least batch_size*world_size = {self.global_batch}"
-            )
+        self.max_tokens = max_tokens
+        if self.batches_per_epoch == 0 and split == "train":  # validation scores what there is (`eval_global`)
+            raise LMForgeError(self._too_small())
         self.epoch = self.batch = 0
         self._perm: np.ndarray | None = None
 
@@ -146,7 +144,13 @@ class ChunkLoader:
     def __iter__(self) -> ChunkLoader:
         return self
 
+    def _too_small(self) -> str:
+        return (f"{self.data_dir} {self.split} split has {self.n_examples} sentence chunks of at most "
+                f"{self.max_tokens} tokens, need at least batch_size*world_size = {self.global_batch}")  # fmt: skip
+
     def __next__(self) -> dict[str, torch.Tensor]:
+        if self.batches_per_epoch == 0:
+            raise LMForgeError(self._too_small())
         if self._perm is None:
             self._perm = np.random.default_rng(self.seed + self.epoch).permutation(self.n_examples)
         lo = self.batch * self.global_batch
