@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.models.layers import RMSNorm
 from lmforge.models.relative import XLRelative
@@ -120,3 +121,26 @@ def _tensor_rules(root: nn.Module, cfg: ModelConfig) -> None:
         # under the t5 scheme q is then N(0, factor · (d_model · d_kv)^-0.5), as HF's T5Attention init.
         if not cfg.scale_attention and name.endswith(QUERY):
             p[:q_dim].mul_(cfg.dim_head**-0.5)
+
+
+@torch.no_grad()
+def reinit_top_blocks(model: nn.Module, n: int) -> list[str]:
+    """Draw the last `n` blocks of the model's top stack (the decoder where it has one, else the encoder) afresh, as
+    `init_weights` draws a new model's, with that stack's final norm and the model's pooler above them; returns the
+    re-drawn parameters' names. A model with shared layers (ALBERT) has one block for the whole stack: refused."""
+    cfg = model.config
+    name = "decoder" if hasattr(model, "decoder") else "encoder"
+    stack = getattr(model, name)
+    if cfg.share_layers:
+        raise LMForgeError("model.reinit_top: this model shares one block across its layers (ALBERT); re-drawing it "
+                           "would re-draw the whole stack")  # fmt: skip
+    if not 0 < n <= len(stack.blocks):
+        raise LMForgeError(f"model.reinit_top={n}: the {name} has {len(stack.blocks)} blocks")
+    parts = [(f"{name}.blocks.{i}", stack.blocks[i]) for i in range(len(stack.blocks) - n, len(stack.blocks))]
+    parts += [(f"{name}.final_norm", getattr(stack, "final_norm", None)), ("pooler", getattr(model, "pooler", None))]
+    names = []
+    for prefix, part in parts:
+        if part is not None:
+            init_weights(part, cfg)
+            names += [f"{prefix}.{p}" for p, _ in part.named_parameters()]
+    return names

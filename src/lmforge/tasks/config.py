@@ -39,6 +39,11 @@ class FtModelConfig(InitModel):
     tokenizer_kind: Literal["bpe", "wordpiece", "unigram"] = "bpe"
     dropout: OpenFraction | None = None
     """Residual, embedding and attention dropout of the backbone during fine-tuning (None = the model's own)."""
+    reinit_top: NonNegInt = 0
+    """Draw the backbone's last N blocks afresh before fine-tuning, with the norm and pooler above them, as the
+    model's own init scheme draws them (Zhang et al. 2021, "Revisiting few-sample BERT fine-tuning": the top blocks
+    of a pretrained encoder fit its pretraining objective, and small sets fine-tune better without them). The blocks
+    are the decoder's in a model that has one. 0 = off."""
 
 
 @dataclass
@@ -146,6 +151,9 @@ def build_finetune_config(raw: dict) -> FinetuneConfig:
     cfg = build_dataclass(FinetuneConfig, raw, "", all_keys(FinetuneConfig))
     cfg.task = build_task_section(task_raw)
     cfg.peft = build_peft_section(peft_raw)
+    if cfg.model.reinit_top and cfg.peft.method != "none":
+        raise LMForgeError(f"model.reinit_top: peft.method={cfg.peft.method} keeps the backbone's blocks frozen, "
+                           "so re-initialised ones would stay random; use one or the other")  # fmt: skip
     if cfg.data.labels is not None and len(set(cfg.data.labels)) != len(cfg.data.labels):
         raise LMForgeError(f"data.labels: each label once, got {cfg.data.labels}")
     return cfg

@@ -23,6 +23,7 @@ from lmforge.data.examples import Dataset, example_texts
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
 from lmforge.loading import load_backbone
+from lmforge.models.init import reinit_top_blocks
 from lmforge.progress import status
 from lmforge.tasks.backbone import checkpoint_config, task_token_rows
 from lmforge.tasks.config import FinetuneConfig, finetune_to_dict
@@ -99,6 +100,8 @@ class FineTuner:
         backbone, self.tokenizer = load_backbone(cfg.model, lambda: example_texts([self.splits["train"]]))
         if cfg.model.dropout is not None:
             set_dropout(backbone, cfg.model.dropout)
+        if cfg.model.reinit_top:
+            reinit_top_blocks(backbone, cfg.model.reinit_top)
         self.labels = task_cls.label_set(self.splits["train"])
         self.task = task_cls(cfg.task.options, self.tokenizer, self.labels)
         self.model = self.task.build(backbone).to(self.device)
