@@ -1,7 +1,7 @@
 """The classify pipeline end to end at CPU size (`lmforge experiment classify-tiny --pretrain-procs 2`): a tiny encoder
 pretrained on two processes, then fine-tuned on the four fetched labelled sets as pretrained and with its top blocks
-drawn afresh, beside their bag-of-words baselines. Stand-in sets (a few examples each, in
-the fetched-set layout) replace the registry downloads."""
+drawn afresh, beside their bag-of-words baselines. Stand-in sets (a few examples each, in the fetched-set layout)
+replace the registry downloads."""
 
 import json
 import subprocess
