@@ -1,7 +1,7 @@
 """The classify pipeline end to end at CPU size (`lmforge experiment classify-tiny --pretrain-procs 2`): a tiny encoder
 pretrained on two processes, then fine-tuned on the four fetched labelled sets as pretrained and with its top blocks
-drawn afresh, beside their bag-of-words baselines. Stand-in sets (a few examples each, in the fetched-set layout)
-replace the registry downloads."""
+drawn afresh, beside their bag-of-words baselines; and `classify-decoder-tiny`, a decoder beside it. Stand-in sets
+(a few examples each, in the fetched-set layout) replace the registry downloads."""
 
 import json
 import subprocess
@@ -70,3 +70,41 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
             assert config["labels"] == list(SETS[name])  # a head of the set's own labels
         # The word that names the label makes the stand-in sets separable: the bag of words gets every dev example.
         assert data["rows"][4]["values"][f"{name} dev accuracy"]["values"] == [100.0]
+
+
+@pytest.mark.slow
+def test_classify_decoder_tiny_fine_tunes_a_decoder_and_an_encoder_each_in_its_own_format(tmp_path):
+    """classify-decoder at CPU size: encoder-fast-tiny and gpt-fast-tiny pretrained on the same text, the encoder
+    fine-tuned with mean pooling, the decoder GPT-1-style, and dev choosing between them."""
+    cache = tmp_path / "cache"
+    for name, labels in SETS.items():
+        fake_set(cache, name, labels)
+    docs = write_docs(tmp_path / "docs.jsonl", 12)
+    out = tmp_path / "exp"
+    env = {"LMFORGE_CACHE": str(cache), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lmforge.cli", "experiment", "classify-decoder-tiny", "--out", str(out),
+           f"--data.inputs=[{docs}]", "--jobs", "2"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((out / "classify-decoder-tiny.json").read_text())
+    grid = ["pre-0.0002", "gpt-6.25e-05", "gpt-0.0002"]
+    assert [row["arm"] for row in data["rows"]] == grid + ["majority class", "tf-idf + LR"]
+    runs = {x["name"]: x["state"] for x in data["runs"]}
+    assert len(runs) == 14 and set(runs.values()) == {"finished"}  # 2 pretraining runs, 4 sets x 3 arms
+    encoder, decoder = (
+        yaml.safe_load((out / "pretrain" / f"{a}-s0" / "config.yaml").read_text()) for a in ("pre", "gpt")
+    )
+    assert (encoder["objective"]["name"], decoder["objective"]["name"]) == ("roberta", "causal_lm")
+    assert decoder["train"]["optimizer"] == "muon" and decoder["train"]["compile_scope"] == "step"
+    assert encoder["train"]["batch_size"] == decoder["train"]["batch_size"] == 8  # the same batch and text
+    assert encoder["data"]["tokenizer"] == decoder["data"]["tokenizer"]
+    picks = {p["task"]: p for p in data["chosen"]}
+    assert all(p["arm"] in grid for p in picks.values()) and picks["hedge"]["held_out"]
+    want = {"pre-0.0002": ("pre", "encoder_mean", 2e-4), "gpt-6.25e-05": ("gpt", "gpt", 6.25e-5),
+            "gpt-0.0002": ("gpt", "gpt", 2e-4)}  # fmt: skip
+    for name in SETS:
+        for arm, (init, fmt, lr) in want.items():
+            config = yaml.safe_load((out / "finetune" / name / f"{arm}-s0" / "best" / "config.yaml").read_text())
+            assert config["model"]["init"] == str(out / "pretrain" / f"{init}-s0")
+            assert (config["task"]["format"], config["train"]["lr"]) == (fmt, lr)
+        assert config["task"]["lm_coef"] == 0.5  # the decoder's: GPT-1's auxiliary LM loss (the "gpt" format's)
