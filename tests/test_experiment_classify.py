@@ -32,19 +32,26 @@ def fake_set(root: Path, name: str, labels: tuple[str, ...]) -> None:
     (d / "meta.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.slow
-def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path):
+def run_experiment(tmp_path: Path, name: str, *args: str) -> dict:
+    """`lmforge experiment NAME --out tmp_path/exp --jobs 2 ARGS` on the stand-in sets and 12 bundled documents; its
+    report's JSON."""
     cache = tmp_path / "cache"
-    for name, labels in SETS.items():
-        fake_set(cache, name, labels)
+    for task, labels in SETS.items():
+        fake_set(cache, task, labels)
     docs = write_docs(tmp_path / "docs.jsonl", 12)
     out = tmp_path / "exp"
     env = {"LMFORGE_CACHE": str(cache), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "lmforge.cli", "experiment", "classify-tiny", "--out", str(out),
-           f"--data.inputs=[{docs}]", "--jobs", "2", "--pretrain-procs", "2"]  # fmt: skip
+    cmd = [sys.executable, "-m", "lmforge.cli", "experiment", name, "--out", str(out), f"--data.inputs=[{docs}]",
+           "--jobs", "2", *args]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    data = json.loads((out / "classify-tiny.json").read_text())
+    return json.loads((out / f"{name}.json").read_text())
+
+
+@pytest.mark.slow
+def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path):
+    out = tmp_path / "exp"
+    data = run_experiment(tmp_path, "classify-tiny", "--pretrain-procs", "2")
     grid = ["pre-0.0002", "reinit2-0.0002", "reinit4-0.0002"]  # as pretrained; its top 1 or 2 blocks redrawn
     assert [row["arm"] for row in data["rows"]] == grid + ["majority class", "tf-idf + LR"]
     runs = {x["name"]: x["state"] for x in data["runs"]}
@@ -76,17 +83,8 @@ def test_classify_tiny_fine_tunes_the_four_sets_beside_their_baselines(tmp_path)
 def test_classify_decoder_tiny_fine_tunes_a_decoder_and_an_encoder_each_in_its_own_format(tmp_path):
     """classify-decoder at CPU size: encoder-fast-tiny and gpt-fast-tiny pretrained on the same text, the encoder
     fine-tuned with mean pooling, the decoder GPT-1-style, and dev choosing between them."""
-    cache = tmp_path / "cache"
-    for name, labels in SETS.items():
-        fake_set(cache, name, labels)
-    docs = write_docs(tmp_path / "docs.jsonl", 12)
     out = tmp_path / "exp"
-    env = {"LMFORGE_CACHE": str(cache), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "lmforge.cli", "experiment", "classify-decoder-tiny", "--out", str(out),
-           f"--data.inputs=[{docs}]", "--jobs", "2"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    data = json.loads((out / "classify-decoder-tiny.json").read_text())
+    data = run_experiment(tmp_path, "classify-decoder-tiny")
     grid = ["pre-0.0002", "gpt-6.25e-05", "gpt-0.0002"]
     assert [row["arm"] for row in data["rows"]] == grid + ["majority class", "tf-idf + LR"]
     runs = {x["name"]: x["state"] for x in data["runs"]}
