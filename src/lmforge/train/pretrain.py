@@ -70,6 +70,10 @@ class ObjectiveBatches:
         self.draws = int(state.get("draws", 0))  # checkpoints from before the count: 0
 
 
+RISE_NATS = 0.1
+"""A validation loss this far above its lowest of the run is not noise (`Pretraining._note_rise`)."""
+
+
 class Pretraining:
     """Builds a pretraining run from a Config and trains it: `Pretraining(cfg, resume=False).fit()`."""
 
@@ -114,6 +118,8 @@ class Pretraining:
         seed = rank_seed(cfg.run.seed, d.rank) + 0x0B1E
         batches = ObjectiveBatches(loader, self.objective.transform, seed, lengths)
         self.val_loader = self.objective.make_loader(self.data_dir, "val", rank=d.rank, world_size=d.world_size)
+        self.val_low: tuple[float, int] | None = None  # the lowest validation loss so far, and its step
+        self.rise_said = False
         spec = LoopSpec(
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
             evaluate=self.evaluate,
@@ -180,11 +186,30 @@ class Pretraining:
                 n += int(out.n_tokens)
         total, n = sums_across([total, n], self.dist)
         loss = total / max(n, 1)
+        self._note_rise(step, loss)
         if not self.objective.language_model:
             return {"val_loss": loss}
         meta = json.loads((self.data_dir / "meta.json").read_text())
         bytes_per_token = meta["val"]["n_bytes"] / max(1, meta["val"]["n_tokens"])
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "val_bpb": loss / math.log(2) / bytes_per_token}
+
+    def _note_rise(self, step: int, loss: float) -> None:
+        """Warn once when the validation loss has risen RISE_NATS above its lowest: the model memorises its training
+        text (text seen many times, with little dropout or weight decay) or the run diverges."""
+        if self.val_low is None or loss < self.val_low[0]:
+            self.val_low = (loss, step)
+            return
+        low, at = self.val_low
+        if not loss - low >= RISE_NATS or self.rise_said or not self.dist.is_main:  # not: a NaN loss is not a rise
+            return
+        self.rise_said = True
+        t = self.cfg.train
+        seen = step * t.batch_size * t.seq_len * t.grad_accum * self.dist.world_size
+        train_tokens = json.loads((self.data_dir / "meta.json").read_text())["train"]["n_tokens"]
+        print(f"warning: step {step}: validation loss {loss:.3f} is {loss - low:.2f} nats above its lowest ({low:.3f} "
+              f"at step {at}), after about {seen / max(1, train_tokens):.1f} passes over the training tokens: the "
+              "model is memorising its training text, or diverging. model.dropout, train.weight_decay, more text or "
+              "fewer steps help", file=sys.stderr)  # fmt: skip
 
     def fit(self) -> dict[str, float]:
         """Train to train.max_steps; returns the last validation metrics."""
