@@ -58,6 +58,23 @@ def test_bundled_tiny_variants_inherit_and_shrink():
     assert tiny.overrides["model.preset"] == "t5-tiny" and gpu.overrides["model.preset"] == "t5-small"
 
 
+def test_classify_nodrop_pretrains_without_dropout_and_fine_tunes_with_and_without(gpu_inputs):
+    """classify-nodrop is classify but for dropout: none in pretraining (cramming), 0.1 or none in the fine-tunes."""
+    plan, base = (plan_experiment(load_experiment(n), make_data=False) for n in ("classify-nodrop", "classify"))
+    (pre,), (base_pre,) = ([a for a in p.arms if a.kind == "pretrain"] for p in (plan, base))
+    assert pre.overrides == {**base_pre.overrides, "model.dropout": 0.0, "model.attn_dropout": 0.0}
+    tunes = {a.name.split("/", 1)[1]: a.overrides for a in plan.arms if a.kind == "finetune"}
+    base_tunes = {a.name.split("/", 1)[1]: a.overrides for a in base.arms if a.kind == "finetune"}
+    for name, over in tunes.items():
+        assert name.rsplit("/", 1)[0] in ("rotten-tomatoes", "hedge", "drug-reviews", "spam"), name
+        same = base_tunes[name.replace("pre-0.0001", "pre-0.0002").replace("nodrop-", "pre-")]
+        want = {**same, "train.lr": 1e-4 if "0.0001" in name else 2e-4}
+        if not name.split("/")[1].startswith("nodrop-"):
+            want["model.dropout"] = 0.1  # dropout back on for fine-tuning, as cramming does
+        assert over == want, name
+    assert len(tunes) == 36
+
+
 def test_equal_flops_budget_gives_each_objective_its_steps():
     exp = load_experiment("t5-architectures-tiny")
     pre = {a.info["arm"]: a for a in plan_experiment(exp, make_data=False).arms if a.kind == "pretrain"}
