@@ -120,10 +120,11 @@ class Pretraining:
         self.val_loader = self.objective.make_loader(self.data_dir, "val", rank=d.rank, world_size=d.world_size)
         self.val_low: tuple[float, int] | None = None  # the lowest validation loss so far, and its step
         self.rise_said = False
+        self.tokens_per_step = t.batch_size * t.seq_len * t.grad_accum * d.world_size
         spec = LoopSpec(
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
             evaluate=self.evaluate,
-            tokens_per_step=t.batch_size * t.seq_len * t.grad_accum * d.world_size,
+            tokens_per_step=self.tokens_per_step,
             flops_per_token=self.objective.window_flops(cfg) / t.seq_len,  # per window token, as tokens_per_step
             peak_flops=peak_flops(self.device, torch.bfloat16 if t.precision != "fp32" else torch.float32),
             resume_hint=f"lmforge pretrain --run.dir={self.run_dir} --resume",
@@ -203,8 +204,7 @@ class Pretraining:
         if not loss - low >= RISE_NATS or self.rise_said or not self.dist.is_main:  # not: a NaN loss is not a rise
             return
         self.rise_said = True
-        t = self.cfg.train
-        seen = step * t.batch_size * t.seq_len * t.grad_accum * self.dist.world_size
+        seen = step * self.tokens_per_step
         train_tokens = json.loads((self.data_dir / "meta.json").read_text())["train"]["n_tokens"]
         print(f"warning: step {step}: validation loss {loss:.3f} is {loss - low:.2f} nats above its lowest ({low:.3f} "
               f"at step {at}), after about {seen / max(1, train_tokens):.1f} passes over the training tokens: the "
