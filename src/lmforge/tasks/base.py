@@ -24,7 +24,8 @@ class TaskOptions:
     """Options every task type has (the `task.*` keys of a fine-tuning recipe)."""
 
     format: Format = "auto"
-    """Input transformation: gpt, bert, encoder_mean, bart, or auto (by the model's arch; see tasks/inputs.py)."""
+    """Input transformation: gpt, bert, encoder_mean, bart, prompt (classification), or auto (by the model's arch;
+    see tasks/inputs.py)."""
     max_len: int = 128
     """Longest model input in tokens; longer texts are truncated (longest first)."""
     overlong: Literal["error", "truncate"] = "truncate"
@@ -47,6 +48,8 @@ class Task:
     default_metrics: tuple[str, ...] = ("accuracy",)
     needs_labels: bool = False
     """Whether the task classifies into a label set (taken from the train split, saved with the run)."""
+    prompt_format: bool = False
+    """Whether the task runs in format "prompt" (label words scored by the LM head at a template's mask)."""
 
     def __init__(self, options: Any, tokenizer, labels: list[str] | None = None) -> None:
         self.options, self.tokenizer = options, tokenizer
@@ -84,6 +87,8 @@ class Task:
         """Resolve the format against the backbone, add the GPT task tokens if needed, attach the head."""
         cfg = backbone.config
         self.fmt = resolve_format(self.options.format, cfg.arch, self.tokenizer)
+        if self.fmt == "prompt" and not self.prompt_format:
+            raise LMForgeError(f"task.format=prompt: task type '{self.name}' has no prompt form (classification has)")
         if self.fmt == "gpt":
             add_task_tokens(backbone, self.tokenizer)
         self.framer = make_framer(self.fmt, self.tokenizer, cfg.type_vocab_size)

@@ -24,6 +24,7 @@ from lmforge.errors import LMForgeError
 from lmforge.models.hf.base import StateDict
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
 from lmforge.tasks.model import TaskModel
+from lmforge.tasks.prompt import VerbalizerHead
 
 FAMILY = {"gpt2": "GPT2", "openai-gpt": "OpenAIGPT", "llama": "Llama", "bert": "Bert", "roberta": "Roberta",
           "albert": "Albert", "electra": "Electra", "t5": "T5", "bart": "Bart"}  # fmt: skip
@@ -70,6 +71,11 @@ def head_kind(model: TaskModel) -> str:
         return "token"
     if isinstance(head, SpanHead):
         return "span"
+    if isinstance(head, VerbalizerHead):
+        raise LMForgeError(
+            "cannot export to Hugging Face: a prompt-format classifier reads label words from the LM head at its "
+            "template's mask, and transformers has no such head"
+        )
     raise LMForgeError(f"cannot export to Hugging Face: no transformers head matches {type(head).__name__}")
 
 

@@ -8,6 +8,8 @@
 - "encoder_mean": the "bert" framing, mean of the encoder's hidden states over real tokens (T5/BART encoders).
 - "bart" (Lewis et al. 2020 §3.1): the same sequence into encoder and decoder (the decoder's prefixed with its
   start token); the head reads the decoder's last token (the final EOS, which has seen the whole input).
+- "prompt" (PET / LM-BFF; classification on encoders with an LM head): the "bert" framing of the text inside a
+  template with a mask token; the LM head scores each label's word at the mask (tasks/prompt.py).
 
 Batches are right-padded; `collate` builds attention masks."""
 
@@ -22,7 +24,7 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.models.init import token_embedding_std
 
-Format = Literal["auto", "gpt", "bert", "encoder_mean", "bart"]
+Format = Literal["auto", "gpt", "bert", "encoder_mean", "bart", "prompt"]
 GPT_TOKENS = ("<|start|>", "<|delim|>", "<|extract|>")
 
 # The token whose hidden state a sequence-level head reads, per format.
@@ -38,7 +40,9 @@ def resolve_format(fmt: str, arch: str, tokenizer) -> str:
     a BOS token (BART), encoder_mean otherwise (T5)); raises for a format the architecture cannot run."""
     if fmt == "auto":
         return AUTO_FORMAT.get(arch) or ("bart" if tokenizer.bos_id is not None else "encoder_mean")
-    allowed = {"gpt": ("decoder",), "bart": ("encoder-decoder",)}.get(fmt, ("encoder", "encoder-decoder"))
+    allowed = {"gpt": ("decoder",), "bart": ("encoder-decoder",), "prompt": ("encoder",)}.get(
+        fmt, ("encoder", "encoder-decoder")
+    )
     if arch not in allowed:
         raise LMForgeError(f"task.format '{fmt}' needs a model of arch {' or '.join(allowed)}, got '{arch}'")
     return fmt

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from lmforge.tasks.heads import SequenceHead
 from lmforge.tasks.inputs import POOL_BY_FORMAT
+from lmforge.tasks.prompt import VerbalizerHead
 
 
 @dataclass
@@ -79,6 +80,8 @@ class TaskModel(nn.Module):
             vec = pool(hidden, mask, self.pool_how, pooled)  # (B·N, d)
             B = batch["input_ids"].shape[0]
             logits = self.head(vec.view(B, -1, vec.shape[-1]), batch.get("n_seqs"))
+        elif isinstance(self.head, VerbalizerHead):
+            logits = self.head(hidden, batch["mask_pos"], self.backbone)
         else:
             logits = self.head(hidden)
         return TaskOutput(hidden, mask, logits)
