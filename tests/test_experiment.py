@@ -75,6 +75,31 @@ def test_classify_nodrop_pretrains_without_dropout_and_fine_tunes_with_and_witho
     assert len(tunes) == 36
 
 
+def test_classify_prompt_adds_prompt_arms_with_templates_fixed_per_set(gpu_inputs):
+    """classify-prompt pretrains as classify and fine-tunes each set with the linear head (classify's pre-0.0002)
+    and in the prompt format at two learning rates; each set's template and words are the same in every arm."""
+    plan, base = (plan_experiment(load_experiment(n), make_data=False) for n in ("classify-prompt", "classify"))
+    (pre,), (base_pre,) = ([a for a in p.arms if a.kind == "pretrain"] for p in (plan, base))
+    assert pre.overrides == base_pre.overrides
+    tunes = {a.name.split("/", 1)[1]: a.overrides for a in plan.arms if a.kind == "finetune"}
+    base_tunes = {a.name.split("/", 1)[1]: a.overrides for a in base.arms if a.kind == "finetune"}
+    sentiment = "{text} It was {mask}."
+    prompts = {
+        "rotten-tomatoes": (sentiment, ["negative=terrible", "positive=great"]),
+        "drug-reviews": (sentiment, ["negative=terrible", "neutral=okay", "positive=great"]),
+        "hedge": ("{text} This statement is {mask}.", None),  # held out: the label names as words
+        "spam": ("{text} This email is {mask}.", None),
+    }
+    for name, over in tunes.items():
+        task, arm = name.split("/")
+        template, words = prompts[task]
+        keys = {"task.template": template} | ({"task.verbalizer": words} if words else {})
+        base_over = base_tunes[f"{task}/pre-0.0002-{arm.rsplit('-', 1)[1]}"]
+        fmt = {"task.format": "prompt"} if arm.startswith("prompt-") else {}
+        assert over == {**base_over, **keys, **fmt, "train.lr": 1e-4 if "0.0001" in arm else 2e-4}, name
+    assert len(tunes) == 36
+
+
 def test_equal_flops_budget_gives_each_objective_its_steps():
     exp = load_experiment("t5-architectures-tiny")
     pre = {a.info["arm"]: a for a in plan_experiment(exp, make_data=False).arms if a.kind == "pretrain"}
