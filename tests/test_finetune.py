@@ -74,7 +74,7 @@ def test_every_bundled_recipe_loads():
         ("--train.lrr=1", "unknown config key 'train.lrr' — did you mean 'train.lr'?"),
         ("--task.doc_stride=64", "unknown config key 'task.doc_stride'"),
         ("--train.lr=fast", "train.lr: expected a number, got 'fast'"),
-        ("--task.format=xlnet", "task.format: expected one of 'auto', 'gpt', 'bert', 'encoder_mean', 'bart', 'prompt', got"),
+        ("--task.format=xlnet", "task.format: expected one of 'auto', 'gpt', 'bert', 'encoder_mean', 'bart', 'prompt'"),
         ("--task.type=clasification", "unknown task 'clasification' — did you mean 'classification'?"),
         ("--train.batch_size=0", "train.batch_size must be > 0, got 0"),
         ("--train.warmup_ratio=1.5", "train.warmup_ratio must be in [0, 1], got 1.5"),
