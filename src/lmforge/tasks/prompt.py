@@ -8,6 +8,7 @@ head)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -49,16 +50,20 @@ def _pieces(template: str) -> list[str]:
     for slot in (TEXT, MASK):
         if template.count(slot) != 1:
             raise LMForgeError(f"task.template: must hold {slot} exactly once, got {template!r}")
-    out, rest = [], template
-    while rest:
-        cuts = [(rest.find(s), s) for s in (TEXT, MASK) if s in rest]
-        if not cuts:
-            out.append(rest)
-            break
-        i, slot = min(cuts)
-        out += [rest[:i], slot] if i else [slot]
-        rest = rest[i + len(slot) :]
-    return out
+    return re.split(r"(\{text\}|\{mask\})", template)
+
+
+def _encode(pieces: list[str], tokenizer) -> tuple[list[int], int | None]:
+    """Token ids of template pieces on one side of the text, and the mask's index among them (None: not there)."""
+    ids: list[int] = []
+    at = None
+    for piece in pieces:
+        if piece == MASK:
+            at = len(ids)
+            ids.append(tokenizer.mask_id)
+        elif piece:
+            ids += tokenizer.encode(piece)
+    return ids, at
 
 
 def label_words(labels: list[str], verbalizer: list[str] | None) -> list[str]:
@@ -96,17 +101,9 @@ def build_prompt(template: str, labels: list[str], verbalizer: list[str] | None,
         spaced[slot] = i > 0 and pieces[i - 1].endswith(" ")
         if spaced[slot]:
             pieces[i - 1] = pieces[i - 1][:-1]
-    before, after, side = [], [], None
-    for piece in pieces:
-        if piece == TEXT:
-            side = after
-            continue
-        target = after if side is after else before
-        if piece == MASK:
-            mask_at = len(before) + len(target) if target is after else len(target)
-            target.append(tokenizer.mask_id)
-        elif piece:
-            target.extend(tokenizer.encode(piece))
+    t = pieces.index(TEXT)
+    (before, in_before), (after, in_after) = _encode(pieces[:t], tokenizer), _encode(pieces[t + 1 :], tokenizer)
+    mask_at = in_before if in_before is not None else len(before) + in_after
     words = label_words(labels, verbalizer)
     ids = []
     for label, word in zip(labels, words):
