@@ -111,7 +111,8 @@ def build_prompt(template: str, labels: list[str], verbalizer: list[str] | None,
         if len(tokens) != 1:
             raise LMForgeError(
                 f"task.verbalizer: label '{label}' has the word {word!r}, which is {len(tokens)} tokens for this "
-                "tokenizer; each label word must be one token"
+                "tokenizer; each label word must be one token (`lmforge tokenizer encode RUN --text ' WORD'` shows "
+                "the tokens: choose another word, or pretrain with a larger data.vocab_size)"
             )
         ids.append(tokens[0])
     if len(set(ids)) != len(ids):
