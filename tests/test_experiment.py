@@ -75,10 +75,13 @@ def test_classify_nodrop_pretrains_without_dropout_and_fine_tunes_with_and_witho
     assert len(tunes) == 36
 
 
-def test_classify_prompt_adds_prompt_arms_with_templates_fixed_per_set(gpu_inputs):
+def test_classify_prompt_chooses_the_prompt_arm_with_templates_fixed_per_set(gpu_inputs):
     """classify-prompt pretrains as classify and fine-tunes each set with the linear head (classify's pre-0.0002)
-    and in the prompt format at two learning rates; each set's template and words are the same in every arm."""
-    plan, base = (plan_experiment(load_experiment(n), make_data=False) for n in ("classify-prompt", "classify"))
+    and in the prompt format, the arm chosen, with hedge held out; each set's template and words are the same in
+    every arm."""
+    exp = load_experiment("classify-prompt")
+    assert exp.selection.arms == ["prompt-0.0002"] and exp.selection.held_out == ["hedge"]
+    plan, base = plan_experiment(exp, make_data=False), plan_experiment(load_experiment("classify"), make_data=False)
     (pre,), (base_pre,) = ([a for a in p.arms if a.kind == "pretrain"] for p in (plan, base))
     assert pre.overrides == base_pre.overrides
     tunes = {a.name.split("/", 1)[1]: a.overrides for a in plan.arms if a.kind == "finetune"}
@@ -96,8 +99,8 @@ def test_classify_prompt_adds_prompt_arms_with_templates_fixed_per_set(gpu_input
         keys = {"task.template": template} | ({"task.verbalizer": words} if words else {})
         base_over = base_tunes[f"{task}/pre-0.0002-{arm.rsplit('-', 1)[1]}"]
         fmt = {"task.format": "prompt"} if arm.startswith("prompt-") else {}
-        assert over == {**base_over, **keys, **fmt, "train.lr": 1e-4 if "0.0001" in arm else 2e-4}, name
-    assert len(tunes) == 36
+        assert over == {**base_over, **keys, **fmt, "train.lr": 2e-4}, name
+    assert len(tunes) == 24
 
 
 def test_equal_flops_budget_gives_each_objective_its_steps():
@@ -231,6 +234,9 @@ def test_an_intermediate_task_names_an_arm_that_starts_from_pretraining(tmp_path
          "finetune.select.held_out: expected names of this experiment's tasks (s), got ['t']"),
         ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "select": {"held_out": "s"}}},
          "finetune.select.held_out: every task is held out"),
+        ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "arms": [{"name": "x", "init": "none"}],
+                       "select": {"arms": ["y"]}}},
+         "finetune.select.arms: expected names of this experiment's fine-tuning arms (x), got ['y']"),
         ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "select": {"metrc": "f1"}}},
          "unknown key 'finetune.select.metrc' — did you mean 'finetune.select.metric'?"),
     ],

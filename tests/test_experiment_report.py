@@ -71,6 +71,27 @@ def test_chosen_on_dev_with_a_held_out_task(tmp_path):
     assert "| h (held out) | hi | mean dev over a, b | 51.0 | 41.5 ± 2.1 | – | 30.0 | +11.5 | 0.84 |" in table
 
 
+def test_chosen_only_among_the_select_arms(tmp_path):
+    """finetune.select.arms: the arms outside it are reported but never chosen, even with the better dev."""
+    dev = {"linear": {"a": 90, "h": 90}, "prompt": {"a": 70, "h": 60}, "prompt-lo": {"a": 60, "h": 99}}
+    results = []
+    for arm, tasks in dev.items():
+        for task, v in tasks.items():
+            info = {"stage": "finetune", "task": task, "arm": arm, "seed": 0, "init": "none", "init_arm": None,
+                    "pretrain_run": None}  # fmt: skip
+            final = {"dev": {"accuracy": v / 100}, "test": {"accuracy": v / 100}}
+            results.append(_result("finetune", f"finetune/{task}/{arm}-s0", info, final))
+    tasks = [FinetuneTask(t, "sst2-bert") for t in "ah"]
+    exp = Experiment(tmp_path / "e.yaml", "", tmp_path, [0], "gpt", {}, [], None, [0], {}, {}, [], tasks, [],
+                     Selection("accuracy", ["h"], ["prompt", "prompt-lo"]))  # fmt: skip
+    picks = {p["task"]: p["arm"] for p in summary_json(exp, results, "–")["chosen"]}
+    assert picks == {"a": "prompt", "h": "prompt"}
+    table = render(exp, results, "–")
+    assert "Among prompt, prompt-lo (`finetune.select.arms`)" in table and "| linear |" in table
+    exp.selection = Selection("accuracy", ["h"])
+    assert {p["task"]: p["arm"] for p in summary_json(exp, results, "–")["chosen"]} == {"a": "linear", "h": "linear"}
+
+
 def test_pretraining_only_table(tmp_path):
     results = []
     for arm, losses in (("causal", (3.4, 3.6)), ("prefix", (3.0, 3.1))):

@@ -90,13 +90,14 @@ BASELINES = {"majority": "majority class", "tfidf_lr": "tf-idf + LR"}
 
 def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[str, Any]]:
     """`finetune.select`: per task, the fine-tuning row with the best mean dev metric (a held-out task: the best mean
-    over the other tasks' dev means), its dev mean, test values and the baselines' test value. Only rows with a run
-    of every fine-tuning seed on the tasks compared take part. A held-out task compares its arms on the tuned tasks
-    that every one of them runs on (an arm with init: TASK/ARM does not run on TASK)."""
+    over the other tasks' dev means), its dev mean, test values and the baselines' test value. Only the rows of
+    `select.arms` (when given) with a run of every fine-tuning seed on the tasks compared take part. A held-out task
+    compares its arms on the tuned tasks that every one of them runs on (an arm with init: TASK/ARM does not run on
+    TASK)."""
     sel = exp.selection
     if sel is None:
         return []
-    arms = [r for r in rows if r.name not in {b.name for b in baselines}]
+    arms = [r for r in rows if r.name not in {b.name for b in baselines} and (sel.arms is None or r.name in sel.arms)]
     tuned = [t.name for t in exp.tasks if t.name not in sel.held_out]
 
     def dev(row: Row, task: str) -> float | None:  # over every seed, or None
@@ -230,6 +231,9 @@ def render(exp: Experiment, results: list[ArmResult], budget: str, baselines: li
     picks = chosen(exp, rows, list(baselines))
     if picks:
         out.append(f"\n## Chosen on dev ({exp.selection.metric})\n")
+        if exp.selection.arms is not None:
+            out.append(f"Among {', '.join(exp.selection.arms)} (`finetune.select.arms`); the other arms are not "
+                       "chosen.\n")  # fmt: skip
         out.append(render_chosen(picks))
         out.append("\nerrors ×: the chosen arm's test errors over tf-idf + LR's (below 1: fewer).\n")
     if baselines:

@@ -16,7 +16,7 @@ from lmforge.experiments.runner import flatten
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
 FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds", "select")
-SELECT_KEYS = ("metric", "held_out")
+SELECT_KEYS = ("metric", "held_out", "arms")
 TASK_KEYS = ("name", "recipe", "overrides")
 EVAL_KEYS = ("name", "task", "overrides", "arms")
 ARM_KEYS = ("name", "recipe", "init", "budget")
@@ -87,6 +87,8 @@ class Selection:
 
     metric: str = "accuracy"
     held_out: list[str] = field(default_factory=list)
+    arms: list[str] | None = None
+    """The arms chosen among (None: every arm); the others are fine-tuned and reported beside them, chosen never."""
 
 
 @dataclass
@@ -167,7 +169,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
         ft_over = _overrides(ft.get("overrides"), "finetune.overrides")
         ft_seeds = _seeds(ft.get("seeds", top), "finetune.seeds" if "seeds" in ft else "seeds")
         ft_arms = _arms(ft, "finetune", default="", base=[ArmSpec(a.name, init=a.name) for a in arms])
-        selection = _selection(ft.get("select"), [t.name for t in tasks])
+        selection = _selection(ft.get("select"), [t.name for t in tasks], [a.name for a in ft_arms])
     elif ft_cli:
         raise LMForgeError("--finetune.*: this experiment has no fine-tuning")
     evals = _evals(raw.get("eval"), flatten(_section(eval_cli, "--eval")))
@@ -259,7 +261,7 @@ def _seeds(value: Any, where: str) -> list[int]:
     return list(value)
 
 
-def _selection(value: Any, tasks: list[str]) -> Selection | None:
+def _selection(value: Any, tasks: list[str], arms: list[str]) -> Selection | None:
     if value is None:
         return None
     raw = _section(value, "finetune.select")
@@ -274,7 +276,12 @@ def _selection(value: Any, tasks: list[str]) -> Selection | None:
     metric = raw.get("metric", Selection.metric)
     if not isinstance(metric, str) or not metric:
         raise LMForgeError(f"finetune.select.metric: expected a dev metric's name, got {metric!r}")
-    return Selection(metric, list(held))
+    among = raw.get("arms")
+    among = [among] if isinstance(among, str) else among
+    if among is not None and (not isinstance(among, list) or not among or any(a not in arms for a in among)):
+        raise LMForgeError(f"finetune.select.arms: expected names of this experiment's fine-tuning arms "
+                           f"({', '.join(arms)}), got {raw.get('arms')!r}")  # fmt: skip
+    return Selection(metric, list(held), among)
 
 
 def _budget(value: Any, where: str) -> Budget | None:
