@@ -2,6 +2,7 @@
 grids, seeds across stages, run selection, the runner's dependencies between runs, and bad files as one-line
 errors. The results tables are in test_experiment_report.py, the end-to-end runs in test_experiment_cli.py."""
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,20 @@ def test_classify_prompt_chooses_the_prompt_arm_with_templates_fixed_per_set(gpu
         fmt = {"task.format": "prompt"} if arm.startswith("prompt-") else {}
         assert over == {**base_over, **keys, **fmt, "train.lr": 2e-4}, name
     assert len(tunes) == 24
+
+
+def test_dry_run_prints_command_lines_a_shell_splits_back_into_the_runs_own(gpu_inputs, capsys):
+    """--dry-run's command lines paste into a shell: a template's spaces and a list of label words stay one argument
+    each."""
+    from lmforge.cli import main
+
+    assert main(["experiment", "classify-prompt", "--dry-run"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if " -m lmforge.cli " in x]
+    arms = plan_experiment(load_experiment("classify-prompt"), make_data=False).arms
+    tune = next(a for a in arms if a.kind == "finetune")
+    assert [shlex.split(x) for x in lines] == [arm_command(next(a for a in arms if a.kind == "pretrain")),
+                                               arm_command(tune)]  # fmt: skip
+    assert '--task.template="{text} It was {mask}."' in shlex.split(lines[1])
 
 
 def test_equal_flops_budget_gives_each_objective_its_steps():

@@ -4,6 +4,7 @@ table and plots). Every run is an ordinary run dir; a rerun skips finished runs 
 
 from __future__ import annotations
 
+import shlex
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -75,7 +76,7 @@ def cmd_experiment(
         for kind in ("pretrain", "finetune", "eval"):
             first = next((a for a in arms if a.kind == kind), None)
             if first is not None:
-                print(" ".join(arm_command(first)))
+                print(shlex.join(arm_command(first)))  # pasteable: a template's spaces stay in one argument
         return {}
     check("an experiment's figures", "matplotlib")  # now, not after the runs
     lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir

@@ -8,6 +8,7 @@ ending at its own token budget, as Hoffmann et al. 2022 train theirs."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -203,7 +204,7 @@ def cmd_scaling(
     if dry_run:  # nothing written: arms as they would run, before the shared tokenizer exists
         arms = plan_arms(sweep, {})
         rows = [[a.name, si(a.info["N_non_embedding"]), si(a.info["D"]), a.max_steps] for a in arms]
-        print(markdown_table(["arm", "N", "D", "steps"], rows) + "\n" + " ".join(arm_command(arms[-1])))
+        print(markdown_table(["arm", "N", "D", "steps"], rows) + "\n" + shlex.join(arm_command(arms[-1])))
         return {}
     check("a scaling sweep's fit and figure", "scipy", "threadpoolctl", "matplotlib")  # now, not after the arms
     lock = RunLock(sweep.out, "sweep dir", "--out")  # one runner per sweep dir
