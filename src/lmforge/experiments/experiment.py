@@ -59,6 +59,7 @@ def cmd_experiment(
     need), then write OUT/NAME.md, NAME.json and plots/ (results.py); print the table. Returns the JSON summary.
     Failed runs are reported after the table is written. `pretrain_procs` > 1: each pretraining run on that many
     processes (GPUs), one at a time."""
+    from lmforge.experiments.ensembles import ensemble_results
     from lmforge.experiments.results import summary_json, write_report
     from lmforge.experiments.runner import arm_command, check_all_finished, run_arms, spread_pretraining
     from lmforge.extras import check
@@ -77,6 +78,10 @@ def cmd_experiment(
             first = next((a for a in arms if a.kind == kind), None)
             if first is not None:
                 print(shlex.join(arm_command(first)))  # pasteable: a template's spaces stay in one argument
+        for e in exp.ensembles:
+            groups = [exp.finetune_seeds[i : i + e.size] for i in range(0, len(exp.finetune_seeds), e.size)]
+            print(f"ensemble {e.name}: {e.arm}'s fine-tunes of seeds " + " | ".join(map(str, groups)) + ", the "
+                  "label of highest mean probability, formed when the report is written")  # fmt: skip
         return {}
     check("an experiment's figures", "matplotlib")  # now, not after the runs
     lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir
@@ -85,6 +90,7 @@ def cmd_experiment(
         arms = select(plan_experiment(exp), only)
         spread_pretraining(arms, pretrain_procs, devices)
         results = run_arms(arms, jobs=jobs, devices=devices)
+        results += ensemble_results(exp, results)
         paths = write_report(exp, results, budget_text(exp))
     finally:
         lock.release()

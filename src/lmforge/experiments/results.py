@@ -91,9 +91,9 @@ BASELINES = {"majority": "majority class", "tfidf_lr": "tf-idf + LR"}
 def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[str, Any]]:
     """`finetune.select`: per task, the fine-tuning row with the best mean dev metric (a held-out task: the best mean
     over the other tasks' dev means), its dev mean, test values and the baselines' test value. Only the rows of
-    `select.arms` (when given) with a run of every fine-tuning seed on the tasks compared take part. A held-out task
-    compares its arms on the tuned tasks that every one of them runs on (an arm with init: TASK/ARM does not run on
-    TASK)."""
+    `select.arms` (when given) with a run of every fine-tuning seed (an ensemble: every group of them) on the tasks
+    compared take part. A held-out task compares its arms on the tuned tasks that every one of them runs on (an arm
+    with init: TASK/ARM does not run on TASK)."""
     sel = exp.selection
     if sel is None:
         return []
@@ -102,7 +102,7 @@ def chosen(exp: Experiment, rows: list[Row], baselines: list[Row]) -> list[dict[
 
     def dev(row: Row, task: str) -> float | None:  # over every seed, or None
         values = row.cells.get(f"{task} dev {sel.metric}", [])
-        return statistics.fmean(values) if len(values) == len(exp.finetune_seeds) else None
+        return statistics.fmean(values) if len(values) == exp.seed_count(row.name) else None
 
     skips = {a.name: src[0] for a in exp.finetune_arms if (src := exp.source(a)) is not None}
     out = []

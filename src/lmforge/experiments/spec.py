@@ -15,7 +15,8 @@ from lmforge.experiments.runner import flatten
 
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
-FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds", "select")
+FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds", "select", "ensembles")
+ENSEMBLE_KEYS = ("name", "arm", "size")
 SELECT_KEYS = ("metric", "held_out", "arms")
 TASK_KEYS = ("name", "recipe", "overrides")
 EVAL_KEYS = ("name", "task", "overrides", "arms")
@@ -80,6 +81,17 @@ class EvalSpec:
 
 
 @dataclass
+class EnsembleSpec:
+    """`finetune.ensembles`: fine-tuning arm `arm`'s seeds taken `size` at a time, in order (seeds 0, 1, 2, then 3,
+    4, 5, ...), each group one model that predicts the label of highest mean probability over its runs
+    (experiments/ensembles.py). Its seed j is the j-th group."""
+
+    name: str
+    arm: str
+    size: int
+
+
+@dataclass
 class Selection:
     """`finetune.select`: the report's choice of one fine-tuning arm per task by its mean dev `metric` (the grid
     searched on dev only). A `held_out` task takes the arm whose mean dev metric over the other tasks is highest, so
@@ -115,10 +127,16 @@ class Experiment:
     tasks: list[FinetuneTask]
     evals: list[EvalSpec]
     selection: Selection | None = None
+    ensembles: list[EnsembleSpec] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.path.stem
+
+    def seed_count(self, row: str) -> int:
+        """How many seeds fine-tuning row `row` (an arm or an ensemble) has when every run of it has finished."""
+        size = next((e.size for e in self.ensembles if e.name == row), 1)
+        return len(self.finetune_seeds) // size
 
     def source(self, arm: ArmSpec) -> tuple[str, str] | None:
         """(task, fine-tuning arm) when fine-tuning arm `arm` has init: TASK/ARM, else None. That is intermediate-task
@@ -162,6 +180,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     ft_over: dict[str, Any] = {}
     ft_seeds = seeds
     selection = None
+    ensembles: list[EnsembleSpec] = []
     if ft is not None:
         ft = _section(ft, "finetune")
         _check_keys(ft, FINETUNE_KEYS, "finetune.")
@@ -169,7 +188,8 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
         ft_over = _overrides(ft.get("overrides"), "finetune.overrides")
         ft_seeds = _seeds(ft.get("seeds", top), "finetune.seeds" if "seeds" in ft else "seeds")
         ft_arms = _arms(ft, "finetune", default="", base=[ArmSpec(a.name, init=a.name) for a in arms])
-        selection = _selection(ft.get("select"), [t.name for t in tasks], [a.name for a in ft_arms])
+        ensembles = _ensembles(ft.get("ensembles"), [a.name for a in ft_arms], ft_seeds)
+        selection = _selection(ft.get("select"), [t.name for t in tasks], [a.name for a in ft_arms + ensembles])
     elif ft_cli:
         raise LMForgeError("--finetune.*: this experiment has no fine-tuning")
     evals = _evals(raw.get("eval"), flatten(_section(eval_cli, "--eval")))
@@ -183,7 +203,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     exp = Experiment(
         p, str(raw.get("description", "")).strip(), Path(out or raw.get("out") or f"runs/experiments/{p.stem}"),
         seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_cli, ft_arms, tasks,
-        evals, selection,
+        evals, selection, ensembles,
     )  # fmt: skip
     _check_sources(exp)
     return exp
@@ -282,6 +302,32 @@ def _selection(value: Any, tasks: list[str], arms: list[str]) -> Selection | Non
         raise LMForgeError(f"finetune.select.arms: expected names of this experiment's fine-tuning arms "
                            f"({', '.join(arms)}), got {raw.get('arms')!r}")  # fmt: skip
     return Selection(metric, list(held), among)
+
+
+def _ensembles(value: Any, arms: list[str], seeds: list[int]) -> list[EnsembleSpec]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value:
+        raise LMForgeError("finetune.ensembles: expected a list of ensembles ({name: ..., arm: ..., size: N})")
+    out: list[EnsembleSpec] = []
+    for e in value:
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+            raise LMForgeError(f"finetune.ensembles: each ensemble is a mapping with a name, got {e!r}")
+        name = e["name"]
+        _check_keys(e, ENSEMBLE_KEYS, "", where=f"finetune.ensembles: {name}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=-]*", name):
+            raise LMForgeError(f"finetune.ensembles: name '{name}' must be letters, digits, '.', '_', '+', '=' or '-'")
+        if name in arms or name in {x.name for x in out}:
+            raise LMForgeError(f"finetune.ensembles: {name}: the name is taken by another arm or ensemble")
+        if e.get("arm") not in arms:
+            raise LMForgeError(f"finetune.ensembles: {name}: arm: expected one of this experiment's fine-tuning arms "
+                               f"({', '.join(arms)}), got {e.get('arm')!r}")  # fmt: skip
+        size = e.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2 or len(seeds) % size:
+            raise LMForgeError(f"finetune.ensembles: {name}: size: expected an integer ≥ 2 that divides the "
+                               f"{len(seeds)} fine-tuning seeds into groups, got {size!r}")  # fmt: skip
+        out.append(EnsembleSpec(name, e["arm"], size))
+    return out
 
 
 def _budget(value: Any, where: str) -> Budget | None:

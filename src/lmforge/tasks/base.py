@@ -167,8 +167,18 @@ class Task:
         fine-tuned model's scores; none by default."""
         return {}
 
+    def probabilities(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list[list[float]]:
+        """Each example's probability of each label (in `labels`' order), for the tasks that choose a label
+        (`chooses_label`)."""
+        raise NotImplementedError
+
+    chooses_label: bool = False
+    """Whether `probabilities` gives a distribution over `labels` (what an ensemble of runs averages)."""
+
     @torch.no_grad()
-    def predict_all(self, model: TaskModel, dataset: Dataset, batch_size: int = 64) -> list:
+    def predict_all(self, model: TaskModel, dataset: Dataset, batch_size: int = 64, fn=None) -> list:
+        """`predict` (or `fn`, with its arguments) over the dataset's examples in batches, in eval mode."""
+        fn = fn or self.predict
         training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -180,7 +190,7 @@ class Task:
             with progress(total=len(feats), desc="evaluating", unit="ex") as bar:
                 for chunk in batches(feats, batch_size):
                     batch = {k: v.to(device) for k, v in collate(chunk, self.pad_id).items()}
-                    preds += self.predict(model, batch, chunk)
+                    preds += fn(model, batch, chunk)
                     bar.update(len(chunk))
         finally:
             model.train(training)

@@ -34,6 +34,7 @@ class Classification(SequenceTask):
     name = "classification"
     Options = ClassificationOptions
     needs_labels = True
+    chooses_label = True
     prompt_format = True
     default_metrics = ("accuracy",)
 

@@ -24,4 +24,5 @@ class PairClassification(PairMixin, SequenceTask):
     name = "pair_classification"
     Options = PairOptions
     needs_labels = True
+    chooses_label = True
     default_metrics = ("accuracy",)

@@ -67,6 +67,9 @@ class SequenceTask(Task):
     def predict(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list:
         return model(batch).logits.argmax(-1).tolist()
 
+    def probabilities(self, model: TaskModel, batch: dict[str, Tensor], feats: list[dict]) -> list[list[float]]:
+        return model(batch).logits.float().softmax(-1).tolist()
+
     def gold(self, dataset: Dataset) -> list:
         where = dataset.source or "data"
         return [self.target(ex, f"{where} example {ex.id or i}") for i, ex in enumerate(dataset.examples)]

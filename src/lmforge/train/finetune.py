@@ -36,6 +36,8 @@ from lmforge.train.loop_spec import LoopSpec, Saved, Selection
 from lmforge.train.prefetch import Batch
 from lmforge.train.session import RunSession
 
+PREDICTIONS = "predictions.json"
+"""A finished run's per-example label probabilities on dev and test (`FineTuner.predictions`)."""
 FROZEN = ("model", "task", "data", "peft")
 """Sections a resumed fine-tuning run may not change."""
 
@@ -163,6 +165,22 @@ class FineTuner:
         with autocast_for(self.device, self.cfg.train.precision):
             return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
 
+    def predictions(self, splits: list[str]) -> dict | None:
+        """What predictions.json holds: the labels, the metrics, and per split each example's id, gold label index
+        and probability of each label (None for a task that does not choose a label)."""
+        from lmforge.train.setup import autocast_for
+
+        if not self.task.chooses_label:
+            return None
+        out: dict = {"labels": self.labels, "metrics": self.task.metric_names}
+        for split in splits:
+            ds = self.splits[split]
+            with autocast_for(self.device, self.cfg.train.precision):
+                probs = self.task.predict_all(self.model, ds, self.cfg.train.eval_batch_size, self.task.probabilities)
+            ids = [e.id or str(i) for i, e in enumerate(ds.examples)]
+            out[split] = {"ids": ids, "gold": self.task.gold(ds), "probs": [[round(p, 6) for p in x] for x in probs]}
+        return out
+
     @property
     def _every_rank(self) -> bool:
         """Whether every rank evaluates: a sharded model's forward needs them all."""
@@ -188,14 +206,18 @@ class FineTuner:
         return final
 
     def finish(self) -> dict[str, float]:
-        """Reload the best checkpoint, evaluate dev (and a labelled test split) and write eval.json."""
+        """Reload the best checkpoint, evaluate dev (and a labelled test split) and write eval.json (after
+        predictions.json, for a task that chooses a label)."""
         ckpt.load_weights(ckpt.model_checkpoint(self.run_dir), self.weights)
         final = self.evaluate("dev")
         test = self.splits.get("test")
         tested = self.evaluate("test") if test is not None and _labelled(test) else None
         self.tested = tested
+        predictions = self.predictions(["dev"] + (["test"] if tested is not None else []))
         if not self.dist.is_main:
             return {}
+        if predictions is not None:
+            write_atomic(self.run_dir / PREDICTIONS, json.dumps(predictions) + "\n")
         write_json(self.run_dir / "eval.json", final)
         if tested is not None:
             write_json(self.run_dir / "eval_test.json", tested)
