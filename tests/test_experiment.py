@@ -24,6 +24,10 @@ TINY = {"pretrain": {"recipe": "gpt", "overrides": {"model.preset": "gpt-tiny", 
                                                     "train.seq_len": 32, "train.warmup_steps": 1}}}  # fmt: skip
 
 
+ENS = {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "arms": [{"name": "x", "init": "none"}]}
+"""A fine-tuning section for `finetune.ensembles`' cases."""
+
+
 def write(tmp_path: Path, data: dict, name: str = "exp.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump({"out": str(tmp_path / "out"), **data}, sort_keys=False), encoding="utf-8")
@@ -102,6 +106,31 @@ def test_classify_prompt_chooses_the_prompt_arm_with_templates_fixed_per_set(gpu
         fmt = {"task.format": "prompt"} if arm.startswith("prompt-") else {}
         assert over == {**base_over, **keys, **fmt, "train.lr": 2e-4}, name
     assert len(tunes) == 24
+
+
+def test_classify_ensemble_tunes_nine_seeds_of_classify_prompts_arm_and_groups_them_in_threes(gpu_inputs, capsys):
+    """classify-ensemble: the same pretraining and prompt-format fine-tunes as classify-prompt's chosen arm, with
+    nine seeds; dev chooses between one fine-tune and the ensembles of seeds 0-2, 3-5, 6-8; hedge held out."""
+    from lmforge.cli import main
+
+    exp = load_experiment("classify-ensemble")
+    assert [(e.name, e.arm, e.size) for e in exp.ensembles] == [("prompt-0.0002-x3", "prompt-0.0002", 3)]
+    assert exp.seed_count("prompt-0.0002-x3") == 3 and exp.seed_count("prompt-0.0002") == 9
+    assert exp.selection.arms == ["prompt-0.0002", "prompt-0.0002-x3"] and exp.selection.held_out == ["hedge"]
+    plan, base = (
+        plan_experiment(load_experiment(n), make_data=False) for n in ("classify-ensemble", "classify-prompt")
+    )
+    (pre,), (base_pre,) = ([a for a in p.arms if a.kind == "pretrain"] for p in (plan, base))
+    assert pre.overrides == base_pre.overrides
+    tunes = {a.name.split("/", 1)[1]: a.overrides for a in plan.arms if a.kind == "finetune"}
+    base_tunes = {a.name.split("/", 1)[1]: a.overrides for a in base.arms if a.kind == "finetune"}
+    assert len(tunes) == 36 and all("/prompt-0.0002-s" in name for name in tunes)
+    for name, over in tunes.items():
+        task, seed = name.split("/")[0], int(name.rsplit("-s", 1)[1])
+        assert over == {**base_tunes[f"{task}/prompt-0.0002-s0"], "run.seed": seed}, name
+    assert main(["experiment", "classify-ensemble", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "ensemble prompt-0.0002-x3: prompt-0.0002's fine-tunes of seeds [0, 1, 2] | [3, 4, 5] | [6, 7, 8]" in out
 
 
 def test_dry_run_prints_command_lines_a_shell_splits_back_into_the_runs_own(gpu_inputs, capsys):
@@ -254,6 +283,17 @@ def test_an_intermediate_task_names_an_arm_that_starts_from_pretraining(tmp_path
          "finetune.select.arms: expected names of this experiment's fine-tuning arms (x), got ['y']"),
         ({"finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "select": {"metrc": "f1"}}},
          "unknown key 'finetune.select.metrc' — did you mean 'finetune.select.metric'?"),
+        ({"seeds": [0, 1, 2, 3], "finetune": {**ENS, "ensembles": [{"name": "e", "arm": "y", "size": 2}]}},
+         "finetune.ensembles: e: arm: expected one of this experiment's fine-tuning arms (x), got 'y'"),
+        ({"seeds": [0, 1, 2, 3], "finetune": {**ENS, "ensembles": [{"name": "e", "arm": "x", "size": 3}]}},
+         "finetune.ensembles: e: size: expected an integer ≥ 2 that divides the 4 fine-tuning seeds into groups"),
+        ({"seeds": [0, 1], "finetune": {**ENS, "ensembles": [{"name": "x", "arm": "x", "size": 2}]}},
+         "finetune.ensembles: x: the name is taken by another arm or ensemble"),
+        ({"seeds": [0, 1], "finetune": {**ENS, "ensembles": [{"name": "e", "arm": "x", "sise": 2}]}},
+         "finetune.ensembles: e: unknown key 'sise' — did you mean 'size'?"),
+        ({"seeds": [0, 1], "finetune": {**ENS, "ensembles": [{"name": "e", "arm": "x", "size": 2}],
+                                        "select": {"arms": ["x", "f"]}}},
+         "finetune.select.arms: expected names of this experiment's fine-tuning arms (x, e), got ['x', 'f']"),
     ],
 )  # fmt: skip
 def test_bad_experiment_files_are_one_line_errors(tmp_path, change, message):

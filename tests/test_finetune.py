@@ -124,6 +124,13 @@ def test_finetune_from_scratch_is_deterministic_and_keeps_the_best_checkpoint(tm
     assert [c.name for c in (run / "checkpoints").iterdir()] == ["step_6"]  # the resumable one (keep_last=1)
     assert yaml.safe_load((run / "best" / "config.yaml").read_text())["step"] == best["step"]
     assert json.loads((run / "eval.json").read_text()) == m1 and m1["accuracy"] == best["dev_accuracy"]
+    # predictions.json: the best checkpoint's probability of each label per dev example, its argmax scoring as eval.json
+    pred = json.loads((run / "predictions.json").read_text())
+    dev_set = pred["dev"]
+    assert pred["labels"] == t1.labels and pred["metrics"] == ["accuracy"] and len(dev_set["ids"]) == 32
+    assert all(len(p) == len(t1.labels) and sum(p) == pytest.approx(1, abs=1e-4) for p in dev_set["probs"])
+    right = [max(range(len(p)), key=p.__getitem__) == g for p, g in zip(dev_set["probs"], dev_set["gold"])]
+    assert sum(right) / len(right) == pytest.approx(m1["accuracy"])
     # The tokenizer was trained on the task's texts (--init gpt-tiny = random init) and grew by the GPT tokens.
     assert t1.tokenizer.vocab_size == 303 and t1.model.config.vocab_size == 303
     saved = yaml.safe_load((run / "config.yaml").read_text())

@@ -2,11 +2,15 @@
 model that predicts the label of highest mean probability over the group's runs (a prediction ensemble). Formed
 from each run's predictions.json (train/finetune.py) when the report is written, so it costs no training; each
 group is written like a run, as OUT/ensemble/TASK/NAME-sJ/ (eval.json, eval_test.json, predictions.json), and is a
-row of the report with one seed per group."""
+row of the report with one seed per group. The report also forms the ensemble from every group of `size` of the
+arm's finished runs (`spread`), to show how much its figure depends on which seeds were grouped."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import random
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
@@ -50,11 +54,46 @@ def _group(exp: Experiment, ens: EnsembleSpec, task: str, j: int, seeds: list[in
     return ArmResult(arm, "finished", final)
 
 
+MAX_GROUPS = 1000
+"""`spread` forms every group up to this many, else this many drawn at random (seeded)."""
+
+
+def spread(exp: Experiment, results: list[ArmResult], metric: str | None = None) -> list[dict]:
+    """Per ensemble and task: `metric` (default: the runs' first) ×100 on dev and test of the ensemble of every group
+    of `size` of its arm's finished runs there; tasks with fewer runs than `size`, or without predictions, are left
+    out."""
+    runs: dict[tuple[str, str], list[Path]] = {}
+    for r in results:
+        if r.arm.kind == "finetune" and r.final is not None:
+            runs.setdefault((r.arm.info["task"], r.arm.info["arm"]), []).append(Path(r.arm.run_dir))
+    out = []
+    for ens in exp.ensembles:
+        for task in (t.name for t in exp.tasks):
+            dirs = runs.get((task, ens.arm), [])
+            if len(dirs) < ens.size:
+                continue
+            try:
+                preds = [_read(d / PREDICTIONS) for d in dirs]
+            except LMForgeError:
+                continue
+            key = metric if metric in preds[0]["metrics"] else preds[0]["metrics"][0]
+            n = math.comb(len(dirs), ens.size)
+            if n <= MAX_GROUPS:
+                groups = list(itertools.combinations(range(len(dirs)), ens.size))
+            else:
+                rng = random.Random(0)
+                groups = [tuple(sorted(rng.sample(range(len(dirs)), ens.size))) for _ in range(MAX_GROUPS)]
+            row: dict = {"ensemble": ens.name, "task": task, "runs": len(dirs), "size": ens.size, "groups": len(groups),
+                         "every": n <= MAX_GROUPS, "metric": key}  # fmt: skip
+            for split in (s for s in ("dev", "test") if all(s in p for p in preds)):
+                row[split] = [100 * _scored([preds[i] for i in g], split)[0][key] for g in groups]
+            out.append(row)
+    return out
+
+
 def combine(run_dirs: list[Path], out: Path) -> dict:
     """Average the runs' label probabilities per example, score the labels of highest mean with the runs' metrics,
     write OUT/eval.json (dev), eval_test.json and predictions.json; returns {"dev": ..., "test": ... or None}."""
-    from lmforge.tasks.scoring import score
-
     preds = [_read(d / PREDICTIONS) for d in run_dirs]
     first = preds[0]
     splits = [s for s in ("dev", "test") if s in first]
@@ -67,9 +106,7 @@ def combine(run_dirs: list[Path], out: Path) -> dict:
         for d, p in zip(run_dirs[1:], preds[1:]):
             if p[split]["ids"] != first[split]["ids"] or p[split]["gold"] != first[split]["gold"]:
                 raise LMForgeError(f"{d / PREDICTIONS}: its {split} examples differ from {run_dirs[0] / PREDICTIONS}")
-        probs = [[sum(col) / len(preds) for col in zip(*rows)] for rows in zip(*(p[split]["probs"] for p in preds))]
-        labels = [max(range(len(x)), key=x.__getitem__) for x in probs]
-        final[split] = score(first["metrics"], labels, first[split]["gold"])
+        final[split], probs = _scored(preds, split)
         mean[split] = {"ids": first[split]["ids"], "gold": first[split]["gold"], "probs": probs}
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / PREDICTIONS, json.dumps(mean) + "\n")
@@ -77,6 +114,15 @@ def combine(run_dirs: list[Path], out: Path) -> dict:
         write_atomic(out / "eval_test.json", json.dumps(final["test"], indent=2) + "\n")
     write_atomic(out / "eval.json", json.dumps(final["dev"], indent=2) + "\n")
     return final
+
+
+def _scored(preds: list[dict], split: str) -> tuple[dict[str, float], list[list[float]]]:
+    """The metrics of the label of highest mean probability over `preds` on `split`, and those mean probabilities."""
+    from lmforge.tasks.scoring import score
+
+    probs = [[sum(col) / len(preds) for col in zip(*rows)] for rows in zip(*(p[split]["probs"] for p in preds))]
+    labels = [max(range(len(x)), key=x.__getitem__) for x in probs]
+    return score(preds[0]["metrics"], labels, preds[0][split]["gold"]), probs
 
 
 def _read(path: Path) -> dict:

@@ -199,8 +199,11 @@ def pretrain_facts(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def render(exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = ()) -> str:
-    """The markdown report: the description, the budget and the results table (with the baselines' rows)."""
+def render(
+    exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = (), spreads: list[dict] = ()
+) -> str:
+    """The markdown report: the description, the budget, the results table (with the baselines' rows), the choice on
+    dev and the ensembles over every group of seeds (`ensembles.spread`)."""
     rows, columns = build_rows(results)
     rows += baselines
     facts = pretrain_facts(results)
@@ -240,13 +243,32 @@ def render(exp: Experiment, results: list[ArmResult], budget: str, baselines: li
         out.append("\nmajority class: the training examples' most frequent label; tf-idf + LR: tf-idf n-grams with "
                    "logistic regression, n-gram range and C chosen on dev (`lmforge.eval.baselines`); both fitted on "
                    "the examples the fine-tunes trained on.\n")  # fmt: skip
+    if spreads:
+        out.append(render_spread(spreads))
     if failed:
         out.append(f"\n**Failed, so missing from the table:** {', '.join(failed)} (their arm.log says why).\n")
     out.append(f"\n![loss curves](plots/{exp.name}-loss.png)\n\n![final metrics](plots/{exp.name}-metrics.png)\n")
     return "\n".join(out)
 
 
-def summary_json(exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = ()) -> dict[str, Any]:
+def render_spread(spreads: list[dict]) -> str:
+    """Each ensemble's metric over every group of its arm's runs: mean, lowest and highest, dev and test."""
+    lines = []
+    for s in spreads:
+        cells = [f"{statistics.fmean(v):.1f} ({min(v):.1f}–{max(v):.1f})" if (v := s.get(k)) else "–"
+                 for k in ("dev", "test")]  # fmt: skip
+        groups = f"{s['groups']}" + ("" if s["every"] else " drawn at random")
+        lines.append([s["ensemble"], s["task"], f"{s['size']} of {s['runs']}", groups, *cells])
+    table = markdown_table(["ensemble", "task", "runs", "ensembles", "dev: mean (min–max)", "test: mean (min–max)"],
+                           lines, "llrrrr")  # fmt: skip
+    return (f"\n## Ensembles of every group of seeds ({spreads[0]['metric']})\n\nEach ensemble formed from every group "
+            "of its size among its arm's finished runs, not only the groups in the table above: how much its figure "
+            "depends on which seeds were grouped.\n\n" + table + "\n")  # fmt: skip
+
+
+def summary_json(
+    exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = (), spreads: list[dict] = ()
+) -> dict[str, Any]:
     rows, columns = build_rows(results)
     rows += baselines
     facts = pretrain_facts(results)
@@ -261,6 +283,7 @@ def summary_json(exp: Experiment, results: list[ArmResult], budget: str, baselin
                   "pretraining": facts.get(r.pretrained or ""),
                   "values": {c: stats(v) for c, v in r.cells.items() if v}} for r in rows],
         "chosen": chosen(exp, rows, list(baselines)),
+        "ensemble_groups": list(spreads),
         "runs": [{"name": r.arm.name, "kind": r.arm.kind, "state": r.state, "run_dir": str(r.arm.run_dir),
                   "seconds": round(r.seconds, 1), "error": r.error or None, "info": r.arm.info, "results": r.final}
                  for r in results],
@@ -269,12 +292,14 @@ def summary_json(exp: Experiment, results: list[ArmResult], budget: str, baselin
 
 def write_report(exp: Experiment, results: list[ArmResult], budget: str) -> list[Path]:
     """OUT/NAME.md, OUT/NAME.json, OUT/plots/NAME-loss.png and OUT/plots/NAME-metrics.png."""
+    from lmforge.experiments.ensembles import spread
     from lmforge.experiments.plots import loss_figure, metrics_figure, save_figure
 
     baselines = baseline_rows(results)
+    spreads = spread(exp, results, exp.selection.metric if exp.selection else None)
     paths = [
-        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines)),
-        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines)),
+        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines, spreads)),
+        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines, spreads)),
     ]
     x_kind = "flops" if exp.budget is not None and exp.budget.kind == "flops" else "tokens"
     fig = loss_figure([r for r in results if r.arm.kind == "pretrain"], x_kind)
