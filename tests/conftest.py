@@ -1,5 +1,5 @@
-"""Fixtures shared by the test modules: prepared training data (built once per test process for each size) and the
-torch globals that CLI runs in this process change."""
+"""Fixtures shared by the test modules: prepared training data (built once per test process for each size), the
+working dir of the GPU experiment files, and the torch globals that CLI runs in this process change."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from lm_objective_testing import tokenizer
 from training_testing import make_prepared, restore_torch_globals
 
 
@@ -23,6 +24,15 @@ def prepared_docs(tmp_path_factory) -> Callable[[int], tuple[Path, Path]]:
         return built[n_docs]
 
     return get
+
+
+@pytest.fixture
+def gpu_inputs(tmp_path, monkeypatch):
+    """The working dir the GPU studies expect: .cache/gpu/tok and classify-tok (a small BPE stands in for theirs)."""
+    for name in ("tok", "classify-tok"):
+        tokenizer("bart").save(tmp_path / ".cache" / "gpu" / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.fixture(autouse=True)
