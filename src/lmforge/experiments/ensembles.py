@@ -27,8 +27,7 @@ def ensemble_results(exp: Experiment, results: list[ArmResult]) -> list[ArmResul
     out = []
     for ens in exp.ensembles:
         for task in (t.name for t in exp.tasks):
-            for j in range(len(exp.finetune_seeds) // ens.size):
-                seeds = exp.finetune_seeds[j * ens.size : (j + 1) * ens.size]
+            for j, seeds in enumerate(exp.seed_groups(ens)):
                 members = [runs.get((task, ens.arm, s)) for s in seeds]
                 if all(m is None for m in members):
                     continue  # not run here (another task's intermediate arm, or left out by --only)

@@ -79,8 +79,8 @@ def cmd_experiment(
             if first is not None:
                 print(shlex.join(arm_command(first)))  # pasteable: a template's spaces stay in one argument
         for e in exp.ensembles:
-            groups = [exp.finetune_seeds[i : i + e.size] for i in range(0, len(exp.finetune_seeds), e.size)]
-            print(f"ensemble {e.name}: {e.arm}'s fine-tunes of seeds " + " | ".join(map(str, groups)) + ", the "
+            groups = " | ".join(map(str, exp.seed_groups(e)))
+            print(f"ensemble {e.name}: {e.arm}'s fine-tunes of seeds {groups}, the "
                   "label of highest mean probability, formed when the report is written")  # fmt: skip
         return {}
     check("an experiment's figures", "matplotlib")  # now, not after the runs

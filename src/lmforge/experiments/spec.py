@@ -133,6 +133,11 @@ class Experiment:
     def name(self) -> str:
         return self.path.stem
 
+    def seed_groups(self, ens: EnsembleSpec) -> list[list[int]]:
+        """The fine-tuning seeds of each of ensemble `ens`'s groups, in order (its seed j is the j-th)."""
+        seeds, size = self.finetune_seeds, ens.size
+        return [seeds[i : i + size] for i in range(0, len(seeds), size)]
+
     def seed_count(self, row: str) -> int:
         """How many seeds fine-tuning row `row` (an arm or an ensemble) has when every run of it has finished."""
         size = next((e.size for e in self.ensembles if e.name == row), 1)
