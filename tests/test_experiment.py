@@ -263,6 +263,26 @@ def test_command_line_overrides_reach_their_stage(tmp_path):
         load_experiment(write(tmp_path, data), ["--eval.data.max_eval=3"])
 
 
+def test_command_line_sets_a_sections_seeds(tmp_path):
+    """--pretrain.seeds / --finetune.seeds replace a section's own seeds; --seeds, which those shadow, is refused
+    rather than changing nothing."""
+    data = {**TINY, "seeds": [0], "finetune": {"tasks": [{"name": "s", "recipe": "sst2-gpt"}], "seeds": [0, 1]}}
+    data["pretrain"] = {**data["pretrain"], "seeds": [0]}
+    exp = load_experiment(write(tmp_path, data), ["--pretrain.seeds=5", "--finetune.seeds=2,3,4"])
+    assert exp.seeds == [5] and exp.finetune_seeds == [2, 3, 4]
+    ft = [a for a in plan_experiment(exp, make_data=False).arms if a.kind == "finetune"]
+    assert {tuple(a.after) for a in ft} == {("pretrain/gpt-s5",)} and len(ft) == 3
+    with pytest.raises(LMForgeError, match=r"^--seeds: this file sets pretrain.seeds and finetune.seeds, which the "
+                       r"top-level seeds do not reach; use --pretrain.seeds=0,1 or --finetune.seeds=0,1$"):  # fmt: skip
+        load_experiment(write(tmp_path, data), ["--seeds=7"])
+    assert load_experiment(write(tmp_path, {**data, "finetune": {"tasks": data["finetune"]["tasks"]}}),
+                           ["--seeds=7"]).finetune_seeds == [7]  # fmt: skip
+    with pytest.raises(LMForgeError, match=r"^--pretrain.\*: only --pretrain.seeds"):
+        load_experiment(write(tmp_path, data), ["--pretrain.train.lr=0.1"])
+    with pytest.raises(LMForgeError, match="--finetune.seeds: this experiment has no finetune section"):
+        load_experiment(write(tmp_path, TINY), ["--finetune.seeds=1"])
+
+
 def test_cli_bad_file_is_one_line(tmp_path):
     path = write(tmp_path, {**TINY, "budgett": {"steps": 3}})
     r = subprocess.run([sys.executable, "-m", "lmforge.cli", "experiment", str(path)], capture_output=True, text=True)

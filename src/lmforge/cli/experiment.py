@@ -15,7 +15,8 @@ def add_parser(sub, name: str) -> None:
     ex.add_argument(
         "experiment", nargs="?", help="experiment file or bundled name in recipes/experiments (e.g. "
         "roberta-masking-tiny); --a.b=value: every pretraining arm, --finetune.a.b=value: every fine-tuning run, "
-        "--eval.a.b=value: every evaluation, --seeds=0,1 and --budget.tokens|flops|steps=N: the file's",
+        "--eval.a.b=value: every evaluation, --seeds=0,1 and --budget.tokens|flops|steps=N: the file's, "
+        "--pretrain.seeds=0,1 / --finetune.seeds=0,1: a stage's own",
     )  # fmt: skip
     ex.add_argument("--out", help="experiment dir (default: the file's out:)")
     ex.add_argument("--jobs", type=int, default=1, help="runs at once (on one GPU, or round robin over --devices)")

@@ -155,16 +155,19 @@ class Experiment:
 
 def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | None = None) -> Experiment:
     """Read and validate an experiment file (a path or a bundled name in recipes/experiments/), with command-line
-    overrides: --seeds=0,1 and --budget.KIND=N replace the file's; --finetune.KEY=V goes to every fine-tuning run,
+    overrides: --seeds=0,1 and --budget.KIND=N replace the file's (--pretrain.seeds / --finetune.seeds: a section's
+    seeds); --finetune.KEY=V goes to every fine-tuning run,
     --eval.KEY=V to every evaluation, any other --KEY=V to every pretraining arm (under the arm's own keys)."""
     from lmforge.config import parse_overrides, resolve_recipe
 
     p = resolve_recipe(str(path), kind="experiments")
     raw = _with_base(p, set())
     user = parse_overrides(cli or [])
+    cli_seeds = "seeds" in user
     for k in ("seeds", "budget"):
         if k in user:
             raw[k] = user.pop(k)
+    _section_seeds(raw, user, cli_seeds)
     if "budget" in raw and cli and any(a.startswith("--budget") for a in cli):
         _section(raw.get("pretrain"), "pretrain").pop("budget", None)  # the command line's budget is every arm's
     ft_cli, eval_cli = flatten(_section(user.pop("finetune", {}), "--finetune")), user.pop("eval", {})
@@ -233,6 +236,27 @@ def _check_sources(exp: Experiment) -> None:
                 f"{exp.path}: finetune arm '{arm.name}': init: '{arm.init}' starts from another task's fine-tune "
                 "itself; an arm's intermediate task must start from pretraining"
             )
+
+
+def _section_seeds(raw: dict, user: dict, cli_seeds: bool) -> None:
+    """--pretrain.seeds=L and --finetune.seeds=L replace that section's seeds in `raw`; --seeds=L, which replaces
+    the top-level list, is an error when every section sets its own (it would change nothing)."""
+    pt = user.pop("pretrain", None)
+    if pt is not None and (not isinstance(pt, dict) or set(pt) != {"seeds"}):
+        raise LMForgeError("--pretrain.*: only --pretrain.seeds=0,1 is a setting of the experiment (--KEY=VALUE "
+                           "goes to every pretraining arm)")  # fmt: skip
+    ft = user.get("finetune")
+    for name, given in (("pretrain", pt), ("finetune", ft)):
+        if isinstance(given, dict) and "seeds" in given:
+            if not isinstance(raw.get(name), dict):
+                raise LMForgeError(f"--{name}.seeds: this experiment has no {name} section")
+            raw[name] = {**raw[name], "seeds": given.pop("seeds")}
+    if isinstance(ft, dict) and not ft:
+        user.pop("finetune")
+    sections = [n for n in ("pretrain", "finetune") if raw.get(n) is not None]
+    if cli_seeds and sections and all("seeds" in _section(raw[n], n) for n in sections):
+        own, flags = " and ".join(f"{n}.seeds" for n in sections), " or ".join(f"--{n}.seeds=0,1" for n in sections)
+        raise LMForgeError(f"--seeds: this file sets {own}, which the top-level seeds do not reach; use {flags}")
 
 
 def _with_base(path: Path, seen: set[Path]) -> dict:
