@@ -79,6 +79,16 @@ def test_classify_ensemble_tunes_nine_seeds_of_classify_prompts_arm_and_groups_t
     assert "ensemble prompt-0.0002-x3: prompt-0.0002's fine-tunes of seeds [0, 1, 2] | [3, 4, 5] | [6, 7, 8]" in out
 
 
+def test_classify_ensemble_on_a_fresh_pretraining_changes_only_the_pretraining_seed(gpu_inputs):
+    """docs/classify.md's second run: --pretrain.seeds=1 pretrains from seed 1, and every fine-tune is the first
+    run's, from that pretraining."""
+    one, two = (load_experiment("classify-ensemble", cli) for cli in ([], ["--pretrain.seeds=1"]))
+    (a, b) = (plan_experiment(e, make_data=False).arms for e in (one, two))
+    assert b[0].name == "pretrain/pre-s1" and b[0].overrides == {**a[0].overrides, "run.seed": 1}
+    tunes = [(x, y) for x, y in zip(a[1:], b[1:], strict=True) if x.kind == "finetune"]
+    assert len(tunes) == 36 and all(x.overrides == y.overrides and y.after == ["pretrain/pre-s1"] for x, y in tunes)
+
+
 def test_dry_run_prints_command_lines_a_shell_splits_back_into_the_runs_own(gpu_inputs, capsys):
     """--dry-run's command lines paste into a shell: a template's spaces and a list of label words stay one argument
     each."""
