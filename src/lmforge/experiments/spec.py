@@ -155,9 +155,9 @@ class Experiment:
 
 def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | None = None) -> Experiment:
     """Read and validate an experiment file (a path or a bundled name in recipes/experiments/), with command-line
-    overrides: --seeds=0,1 and --budget.KIND=N replace the file's (--pretrain.seeds / --finetune.seeds: a section's
-    seeds); --finetune.KEY=V goes to every fine-tuning run,
-    --eval.KEY=V to every evaluation, any other --KEY=V to every pretraining arm (under the arm's own keys)."""
+    overrides: --seeds=0,1 and --budget.KIND=N replace the file's, --pretrain.seeds and --finetune.seeds a stage's
+    own; --finetune.KEY=V goes to every fine-tuning run, --eval.KEY=V to every evaluation, any other --KEY=V to every
+    pretraining arm (under the arm's own keys)."""
     from lmforge.config import parse_overrides, resolve_recipe
 
     p = resolve_recipe(str(path), kind="experiments")
