@@ -124,7 +124,8 @@ def test_finetune_from_scratch_is_deterministic_and_keeps_the_best_checkpoint(tm
     assert [c.name for c in (run / "checkpoints").iterdir()] == ["step_6"]  # the resumable one (keep_last=1)
     assert yaml.safe_load((run / "best" / "config.yaml").read_text())["step"] == best["step"]
     assert json.loads((run / "eval.json").read_text()) == m1 and m1["accuracy"] == best["dev_accuracy"]
-    # predictions.json: the best checkpoint's probability of each label per dev example, its argmax scoring as eval.json
+    # predictions.json: the best checkpoint's probability of each label per dev example; its argmax scores as eval.json
+    # and as the best checkpoint's evaluation during training (the predict path, above)
     pred = json.loads((run / "predictions.json").read_text())
     dev_set = pred["dev"]
     assert pred["labels"] == t1.labels and pred["metrics"] == ["accuracy"] and len(dev_set["ids"]) == 32

@@ -37,7 +37,7 @@ from lmforge.train.prefetch import Batch
 from lmforge.train.session import RunSession
 
 PREDICTIONS = "predictions.json"
-"""A finished run's per-example label probabilities on dev and test (`FineTuner.predictions`)."""
+"""A finished run's per-example label probabilities on dev and test (`FineTuner.finish`)."""
 FROZEN = ("model", "task", "data", "peft")
 """Sections a resumed fine-tuning run may not change."""
 
@@ -165,21 +165,15 @@ class FineTuner:
         with autocast_for(self.device, self.cfg.train.precision):
             return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
 
-    def predictions(self, splits: list[str]) -> dict | None:
-        """What predictions.json holds: the labels, the metrics, and per split each example's id, gold label index
-        and probability of each label (None for a task that does not choose a label)."""
+    def label_probabilities(self, split: str) -> dict:
+        """`split`'s example ids, gold label indices and each example's probability of each label, in one pass of the
+        model (a task that chooses a label)."""
         from lmforge.train.setup import autocast_for
 
-        if not self.task.chooses_label:
-            return None
-        out: dict = {"labels": self.labels, "metrics": self.task.metric_names}
-        for split in splits:
-            ds = self.splits[split]
-            with autocast_for(self.device, self.cfg.train.precision):
-                probs = self.task.predict_all(self.model, ds, self.cfg.train.eval_batch_size, self.task.probabilities)
-            ids = [e.id or str(i) for i, e in enumerate(ds.examples)]
-            out[split] = {"ids": ids, "gold": self.task.gold(ds), "probs": [[round(p, 6) for p in x] for x in probs]}
-        return out
+        ds = self.splits[split]
+        with autocast_for(self.device, self.cfg.train.precision):
+            probs = self.task.predict_all(self.model, ds, self.cfg.train.eval_batch_size, self.task.probabilities)
+        return {"ids": [e.id or str(i) for i, e in enumerate(ds.examples)], "gold": self.task.gold(ds), "probs": probs}
 
     @property
     def _every_rank(self) -> bool:
@@ -206,22 +200,35 @@ class FineTuner:
         return final
 
     def finish(self) -> dict[str, float]:
-        """Reload the best checkpoint, evaluate dev (and a labelled test split) and write eval.json (after
-        predictions.json, for a task that chooses a label)."""
+        """Reload the best checkpoint, evaluate dev (and a labelled test split) and write eval.json. A task that
+        chooses a label is scored from one pass a split that also gives predictions.json (written first)."""
+        from lmforge.tasks.scoring import score
+
         ckpt.load_weights(ckpt.model_checkpoint(self.run_dir), self.weights)
-        final = self.evaluate("dev")
         test = self.splits.get("test")
-        tested = self.evaluate("test") if test is not None and _labelled(test) else None
-        self.tested = tested
-        predictions = self.predictions(["dev"] + (["test"] if tested is not None else []))
+        splits = ["dev"] + (["test"] if test is not None and _labelled(test) else [])
+        per: dict[str, dict] = {}
+        if self.task.chooses_label:
+            per = {s: self.label_probabilities(s) for s in splits}
+            scores = {s: score(self.task.metric_names, _argmax(p["probs"]), p["gold"]) for s, p in per.items()}
+        else:
+            scores = {s: self.evaluate(s) for s in splits}
+        final, self.tested = scores["dev"], scores.get("test")
         if not self.dist.is_main:
             return {}
-        if predictions is not None:
+        if per:
+            for p in per.values():
+                p["probs"] = [[round(x, 6) for x in row] for row in p["probs"]]
+            predictions = {"labels": self.labels, "metrics": self.task.metric_names, **per}
             write_atomic(self.run_dir / PREDICTIONS, json.dumps(predictions) + "\n")
         write_json(self.run_dir / "eval.json", final)
-        if tested is not None:
-            write_json(self.run_dir / "eval_test.json", tested)
+        if self.tested is not None:
+            write_json(self.run_dir / "eval_test.json", self.tested)
         return final
+
+
+def _argmax(probs: list[list[float]]) -> list[int]:
+    return [max(range(len(row)), key=row.__getitem__) for row in probs]
 
 
 def _labelled(ds: Dataset) -> bool:
