@@ -180,8 +180,11 @@ def mlm_loss(model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
 
 def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], **kwargs) -> LossOutput:
     """objectives/seq2seq.py: the decoder teacher-forced on the batch's decoder_input_ids (no shift by the
-    reference), mean cross-entropy over the non-padding labels. nanoT5's MyT5 takes it as it is."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+    reference), mean cross-entropy over the non-padding labels. nanoT5's MyT5 takes it as it is.
+
+    attention_mask is in the batch only when a source row is padded (objectives/seq2seq.py): T5 span corruption's
+    rows are all one length, so both sides then run cross-attention unmasked."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                 decoder_input_ids=batch["decoder_input_ids"], **kwargs)  # fmt: skip
     labels = batch["labels"]
     loss = F.cross_entropy(out.logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
