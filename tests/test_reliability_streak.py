@@ -99,7 +99,7 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run_with_one_line(prepared, 
                     "--train.max_nonfinite=3")  # fmt: skip
     assert last_error_line(capsys, *args) == (
         "error: stopping at step 6: 3 consecutive steps with a non-finite loss or gradient (train.max_nonfinite=3); "
-        "lower train.lr or check the data; the last checkpoint before it is step_3"
+        "lower train.lr or check the data; the last checkpoint before it is step_3, which --resume continues from"
     )
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_3"]
     assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
@@ -116,9 +116,14 @@ def test_a_nonfinite_streak_never_evicts_the_checkpoint_from_before_it(prepared,
     run = tmp_path / "run"
     args = pretrain(prepared, run, "--objective.name=test_poisoned_lm", "--train.max_steps=12", "--train.save_every=1",
                     "--train.keep_last=3", "--train.max_nonfinite=5")  # fmt: skip
-    assert last_error_line(capsys, *args).endswith("; the last checkpoint before it is step_3")
-    names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["step_3", "step_5", "step_6", "step_7"]  # keep_last=3 of the streak + the one before it
+    aside = run / "checkpoints" / "nonfinite"
+    assert last_error_line(capsys, *args).endswith(
+        "; the last checkpoint before it is step_3, which --resume continues from; 3 checkpoint(s) saved after it "
+        f"(step_5, step_6, step_7) are moved to {aside}"
+    )
+    # keep_last=3 of the streak + the one before it; the streak's own are set aside, where --resume does not look
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["nonfinite", "step_3"]
+    assert sorted(p.name for p in aside.iterdir()) == ["step_5", "step_6", "step_7"]
     assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
     POISON.clear()
 
@@ -153,7 +158,7 @@ def test_an_overflowing_update_is_never_the_last_good_checkpoint(prepared, tmp_p
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "warning: step 3: non-finite weights after the update (overflow), weights unusable from here" in err
-    assert err.strip().splitlines()[-1].endswith("the last checkpoint before it is step_2"), err
+    assert "the last checkpoint before it is step_2, which --resume continues from; " in err.splitlines()[-1], err
     assert _finite(run / "checkpoints" / "step_2")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["nonfinite"] for r in rows if r.get("step") == 3 and "nonfinite" in r] == ["weights after the update"]
@@ -167,7 +172,7 @@ def test_an_overflow_from_the_first_step_names_no_checkpoint(prepared, tmp_path,
                "--train.max_steps=8", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert err.strip().splitlines()[-1].endswith("check the data"), err  # no checkpoint is called good
+    assert err.strip().splitlines()[-1].endswith("no checkpoint is known good, so --resume starts at step 0"), err
 
 
 def test_after_a_fallback_the_streak_keeps_the_checkpoint_resumed_from(prepared, tmp_path, capsys):
@@ -185,5 +190,5 @@ def test_after_a_fallback_the_streak_keeps_the_checkpoint_resumed_from(prepared,
     POISON.clear()
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert err.strip().splitlines()[-1].endswith("the last checkpoint before it is step_2"), err
+    assert "the last checkpoint before it is step_2, which --resume continues from" in err.splitlines()[-1], err
     assert _finite(run / "checkpoints" / "step_2")  # kept through keep_last=1

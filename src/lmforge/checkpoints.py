@@ -64,6 +64,9 @@ def verify_checkpoint(ckpt: Path) -> str | None:
         return f"{MANIFEST_FILE} is unreadable"
     if WEIGHTS_FILE not in files and SHARDS_METADATA not in files:
         return f"{MANIFEST_FILE} lists no {WEIGHTS_FILE}"
+    for rel in files:  # a forged entry must not make the check read (or report on) files outside the checkpoint
+        if not _inside(ckpt, rel):
+            return f"{MANIFEST_FILE} names {rel!r}, which is not a file inside the checkpoint"
     for rel, (size, _) in files.items():  # cheap checks first
         path = ckpt / rel
         if not path.is_file():
@@ -78,6 +81,20 @@ def verify_checkpoint(ckpt: Path) -> str | None:
         except OSError as e:
             return f"cannot read {rel}: {os_reason(e)}"
     return None
+
+
+def _inside(ckpt: Path, rel: str) -> bool:
+    """`rel` is a relative path to a regular file or dir under `ckpt` with no `..` part and no symbolic link on
+    the way (a link could point anywhere)."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts:
+        return False
+    path = ckpt
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            return False
+    return True
 
 
 def latest_checkpoint(path: Path) -> Path:

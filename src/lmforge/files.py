@@ -143,6 +143,19 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, where creating li
 _NONCE = os.urandom(4).hex()
 
 
+def require_utf8_name(path: Path, what: str, option: str) -> None:
+    """One line when `path` is not valid UTF-8 (Linux allows any bytes in a name): a run records its paths in UTF-8
+    files (config, manifests, the tokenizer's files), so such a dir would fail at its first save, work lost."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise LMForgeError(
+            f"{what} '{shown}' has a name that is not valid UTF-8: the run records its paths in UTF-8 files "
+            f"(config, checkpoint manifests, tokenizer), so rename it or choose another {option}"
+        ) from None
+
+
 def link_error(path: Path) -> LMForgeError:
     """The one line for a run-dir file that is a symbolic link."""
     try:

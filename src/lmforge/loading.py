@@ -69,11 +69,23 @@ def _load(path: Path, device: str | torch.device):
         tokenizer = _tokenizer(c, hf_dir=cfg is None)
     if cfg is not None and not c.is_dir():  # rotated away by a live run while it was read: it may be part of it
         raise LMForgeError(f"{c} was removed while it was read")
+    _check_finite(model, c)
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise LMForgeError(
             f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
     return model.to(device).eval(), tokenizer
+
+
+def _check_finite(model: torch.nn.Module, where: Path) -> None:
+    """One line when weights hold NaN or infinity (a checkpoint a diverging run saved): generation would fail deep
+    in sampling, and evaluation print a NaN loss."""
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise LMForgeError(
+            f"{where}: {len(bad)} weight tensor(s) hold NaN or infinity (first: {bad[0]}): the run had diverged when it "
+            "saved them; use an earlier checkpoint"
+        )
 
 
 def _tokenizer(c: Path, hf_dir: bool) -> Tokenizer | None:

@@ -89,6 +89,11 @@ def cmd_text(
     if tok is None:
         raise LMForgeError(f"{path} has no tokenizer to encode the text with")
     score = score_text(LM(model, tok, batch_size=batch_size), list(read_documents([file])), stride)
+    if not math.isfinite(score.loss):
+        raise LMForgeError(
+            f"the model's loss on {file} is {score.loss}: its weights give non-finite values, as those of a run that "
+            "diverged do; use an earlier checkpoint"
+        )
     print(
         f"{file}: {score.documents} document(s), {score.tokens:,} tokens, {score.bytes:,} bytes "
         f"(context {score.context}, stride {score.stride})\n"

@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from lmforge.errors import LMForgeError
+
 NEG_INF = float("-inf")
 
 
@@ -26,6 +28,18 @@ class Steps(Protocol):
     def start(self) -> Tensor: ...
     def step(self, tokens: Tensor) -> Tensor: ...
     def select(self, index: Tensor) -> None: ...
+
+
+def finite_logits(logits: Tensor) -> Tensor:
+    """`logits` of the prompt's last position, checked once (one wait for the device per generation): weights that
+    are finite but too large (a diverged run's) give NaN, which sampling would fail on and greedy turn into token 0."""
+    bad = logits.isnan().any() | logits.isposinf().any() | logits.isneginf().all(-1).any()  # -inf alone is a ban
+    if bool(bad):
+        raise LMForgeError(
+            "the model's logits for the prompt are not finite (NaN or infinity): its weights are unusable, as those "
+            "of a run that diverged are; use an earlier checkpoint"
+        )
+    return logits
 
 
 class _Finished:
@@ -70,7 +84,7 @@ def beam_search(
     fill, device = (eos_id if eos_id is not None else 0), steps.device
     if n == 0:
         return torch.zeros(B, 0, dtype=torch.long, device=device)
-    logits = steps.start()  # (B, V): every beam starts from the same prefix
+    logits = finite_logits(steps.start())  # (B, V): every beam starts from the same prefix
     steps.select(torch.arange(B, device=device).repeat_interleave(K))  # B -> B*K rows, beam-major per row
     logits = logits.repeat_interleave(K, dim=0)  # (B*K, V)
     V = logits.shape[-1]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lmforge.errors import LMForgeError
-from lmforge.models.beam import beam_search
+from lmforge.models.beam import beam_search, finite_logits
 from lmforge.models.static_decode import StaticSteps, can_compile, compile_mode
 
 if TYPE_CHECKING:  # model.py's Transformer calls generate(); this module only names its type
@@ -205,7 +205,7 @@ def sample(
     every = 0 if eos_id is None and stop is None else 1  # no EOS, no stop: nothing to check
     if every and stop is None:
         every = check_every or (8 if device.type == "cuda" else 1)
-    logits = steps.start() if n > 0 else None
+    logits = finite_logits(steps.start()) if n > 0 else None
     for i in range(n):
         tok = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
         if eos_id is not None:

@@ -77,6 +77,7 @@ from lmforge.files import (
     load_torch_file,
     os_reason,
     pid_alive,
+    refuse_link,
     write_atomic,
 )
 from lmforge.models.wrappers import unwrap_model
@@ -88,6 +89,9 @@ _SCRATCH_RE = re.compile(r"\.(tmp|old)-step_(\d+)-(\d+)(?:-([0-9a-f]+))?")
 # alone cannot tell this process's scratch dirs from those a killed predecessor with the same pid left.
 _NONCE = os.urandom(4).hex()
 # Leaf types torch.load(weights_only=True) accepts (plus torch.dtype / torch.device instances).
+NONFINITE_DIR = "nonfinite"
+"""RUN/checkpoints/nonfinite: the checkpoints a run saved after its last good one, set aside when a non-finite streak
+stopped it."""
 _PLAIN_LEAVES = (torch.Tensor, nn.Parameter, int, float, bool, complex, str, bytes, type(None))
 
 
@@ -144,6 +148,7 @@ def write_checkpoint_dir(
 def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
     """Write a checkpoint into scratch dir `tmp` and publish it atomically as `final`; on failure remove the
     scratch dir and raise one line ("could not <what>: <reason>")."""
+    refuse_links(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.parent.name == CHECKPOINTS_DIR:
@@ -159,6 +164,14 @@ def _write_dir(tmp: Path, final: Path, what: str, contents: tuple) -> None:
         if failure is not None:
             raise failure from e
         raise
+
+
+def refuse_links(final: Path) -> None:
+    """One line when a checkpoint's path is a symbolic link, or the RUN/checkpoints dir it goes into: the run would
+    write, and rotate (delete), checkpoints wherever the link points."""
+    if final.parent.name == CHECKPOINTS_DIR:
+        refuse_link(final.parent)
+    refuse_link(final)
 
 
 def save_run_config(run_dir: Path, config: dict) -> Path:
@@ -276,6 +289,25 @@ def _prune(root: Path, step: int, keep_last: int, protect: tuple[int, ...] = ())
             shutil.rmtree(doomed)
         except OSError as e:
             print(f"warning: could not delete old checkpoint {ckpt}: {os_reason(e)}", file=sys.stderr)
+
+
+def set_aside(run_dir: Path, good: int | None) -> list[str]:
+    """Move a run's checkpoints newer than step `good` (all, for None) into RUN/checkpoints/nonfinite/, where
+    neither `--resume` nor `lmforge.load` looks → their names. Kept, not deleted: they show what went wrong."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    aside = root / NONFINITE_DIR
+    moved = []
+    for c in _checkpoints_in(root):
+        if good is not None and _step_of(c) <= good:
+            continue
+        aside.mkdir(exist_ok=True)
+        if (aside / c.name).exists():  # left by an earlier streak: the newer one replaces it
+            shutil.rmtree(aside / c.name)
+        c.rename(aside / c.name)
+        moved.append(c.name)
+    if moved:
+        fsync_dir(root)
+    return moved
 
 
 def _remove_stale_scratch(root: Path) -> None:

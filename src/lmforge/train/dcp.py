@@ -131,6 +131,7 @@ class ShardedCheckpoints:
         tmp, error = None, None
         if self.dist.is_main:
             try:
+                ckpt.refuse_links(root / f"step_{step}")
                 ckpt._check_plain_data(train_state, "train_state")
                 root.mkdir(parents=True, exist_ok=True)
                 ckpt._remove_stale_scratch(root)
@@ -140,6 +141,8 @@ class ShardedCheckpoints:
                 write_side_files(tmp, config, tokenizer)
                 ckpt.write_train_state(tmp, train_state)
                 (tmp / ckpt.SHARDS_DIR).mkdir()
+            except LMForgeError as e:
+                error = str(e)
             except (OSError, ValueError, TypeError) as e:
                 error = f"could not save checkpoint step_{step}: {os_reason(e) if isinstance(e, OSError) else e}"
                 if tmp is not None:

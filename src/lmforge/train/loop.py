@@ -126,6 +126,7 @@ class Loop:
         # The newest checkpoint this process wrote or resumed from outside a streak: known good, unlike the newest
         # on disk (a resume may have fallen back past a damaged one).
         self.last_good: int | None = None
+        self.last_data: dict[str, Tensor] | None = None  # the last micro-batch, for the probe of saved weights
         self.recent: deque[float] = deque(maxlen=cfg.spike_window)
         self.pending = _Pending()
         self.grads_seen = False  # checked once, after this process's first backward
@@ -200,6 +201,7 @@ class Loop:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs may be reused
         data = {k: v.to(self.device, non_blocking=True) for k, v in batch.data.items()}
+        self.last_data = data
         scale = batch.weight / self.cfg.grad_accum
         with parallel.no_sync(self.model, last):
             with self.autocast:
@@ -292,11 +294,27 @@ class Loop:
             print(f"warning: step {step}: non-finite {what} ({value}), {skipped}", file=sys.stderr)
             self.log.log(step, skipped=not overflow, nonfinite=what, loss=loss, grad_norm=gnorm)
         if self.streak >= self.cfg.max_nonfinite:
-            kept = f"; the last checkpoint before it is step_{self.pre_streak_ckpt}" if self.pre_streak_ckpt else ""
             raise LMForgeError(
                 f"stopping at step {step}: {self.streak} consecutive steps with a non-finite loss or gradient "
-                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower train.lr or check the data{kept}"
+                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower train.lr or check the data"
+                f"{self._set_aside()}"
             )
+
+    def _set_aside(self) -> str:
+        """Move the checkpoints saved after the last good one into RUN/checkpoints/nonfinite/, so that `--resume`
+        continues from the good one → the end of the stop line, saying so."""
+        if self.sharded is not None:
+            self.sharded.wait()  # a save still being written publishes first
+        good = self.pre_streak_ckpt
+        moved = ckpt.set_aside(self.run_dir, good) if self.dist.is_main else []
+        barrier(self.dist)
+        aside = ""
+        if moved:
+            where = self.run_dir / ckpt.CHECKPOINTS_DIR / ckpt.NONFINITE_DIR
+            aside = f"; {len(moved)} checkpoint(s) saved after it ({', '.join(moved)}) are moved to {where}"
+        if good is None:
+            return f"{aside}; no checkpoint is known good, so --resume starts at step 0"
+        return f"; the last checkpoint before it is step_{good}, which --resume continues from{aside}"
 
     def _spike(self, step: int, loss: float) -> None:
         """Warn about (and log) a loss above spike_factor × the median of the recent losses."""
@@ -364,9 +382,31 @@ class Loop:
             ckpt.write_checkpoint_dir(self.run_dir / ckpt.BEST_DIR, weights, config=config,
                                       tokenizer=saved.tokenizer, step=self.step)  # fmt: skip
 
+    def _probe(self) -> bool:
+        """Whether the weights about to be saved give a finite loss on the last training micro-batch (in eval mode,
+        no gradient, random state kept): finite weights can still be too large for a forward pass (an update at a
+        huge lr), and such a checkpoint must not count as good."""
+        if self.last_data is None:
+            return True
+        devices = [self.device] if self.device.type == "cuda" else []
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.autocast, torch.random.fork_rng(devices=devices):
+                bad = (~torch.isfinite(self.loss_fn(self.model, self.last_data).loss.float())).float()
+        finally:
+            self.model.train()
+        if self.dist.enabled:
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        return not bool(bad.item())
+
     def save(self) -> None:
+        good = not self.streak and self._probe()
+        if not good and not self.streak and self.dist.is_main:
+            print(f"warning: step {self.step}: the weights saved as step_{self.step} give a non-finite loss; "
+                  "not counted as a good checkpoint", file=sys.stderr)  # fmt: skip
         state = self.train_state()  # every rank takes part in gathering loader and RNG states
-        protect = (self.pre_streak_ckpt,) if self.streak and self.pre_streak_ckpt is not None else ()
+        # Rotation never evicts the last good checkpoint while the one written now is not good.
+        protect = (self.last_good,) if not good and self.last_good is not None else ()
         if self.sharded is not None:  # every rank writes its shards (train/dcp.py)
             del state["optimizer"]
             saved, step = self.spec.saved(), self.step  # with async_save, on_partial fires later, in the writer
@@ -375,7 +415,7 @@ class Loop:
                 tokenizer=saved.tokenizer, train_state=state, keep_last=self.cfg.keep_last, protect=protect,
                 on_partial=lambda: self.callbacks.fire("checkpoint", step),
             )  # fmt: skip
-            self._saved_good()
+            self._saved_good(good)
             return
         if self.dist.is_main:
             saved = self.spec.saved()
@@ -385,10 +425,10 @@ class Loop:
                 on_partial=lambda: self.callbacks.fire("checkpoint", self.step),
             )  # fmt: skip
         barrier(self.dist)
-        self._saved_good()
+        self._saved_good(good)
 
-    def _saved_good(self) -> None:
-        if not self.streak:  # a checkpoint written inside a streak may hold the weights that caused it
+    def _saved_good(self, good: bool) -> None:
+        if good:  # a checkpoint written inside a streak may hold the weights that caused it
             self.last_good = self.step
 
     # --- the run ----------------------------------------------------------------------------------------------------

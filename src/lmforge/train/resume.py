@@ -37,8 +37,11 @@ def resume_checkpoint(
     if not found:
         if is_main:
             print(f"warning: --resume: no checkpoint in {run_dir} yet, starting at step 0", file=sys.stderr)
+            _note_set_aside(root, None)
         return None
     chosen = ckpt.latest_checkpoint(run_dir)
+    if is_main:
+        _note_set_aside(root, chosen)
     saved = ckpt.read_config(chosen)
     check_frozen(saved.get(saved_as) or {} if saved_as else saved, config, frozen)
     return chosen
@@ -57,3 +60,17 @@ def check_frozen(old: dict, new: dict, frozen: tuple[str, ...] = FROZEN_ON_RESUM
             was = (old.get(section) or {}).get(key)
             if was != value:
                 raise LMForgeError(f"cannot resume: {section}.{key} changed since the checkpoint ({was!r} → {value!r})")
+
+
+def _note_set_aside(root: Path, chosen: Path | None) -> None:
+    """Say so when a non-finite streak set checkpoints newer than the one resumed from aside (train/loop.py)."""
+    aside = ckpt._checkpoints_in(root / ckpt.NONFINITE_DIR)
+    step = ckpt._step_of(chosen) if chosen is not None else -1
+    later = [c.name for c in aside if ckpt._step_of(c) > step]
+    if later:
+        start = f"{chosen.name}, the last good checkpoint" if chosen is not None else "step 0: no checkpoint was good"
+        print(
+            f"note: resuming from {start} before the non-finite streak that stopped the run; the checkpoints saved "
+            f"after it ({', '.join(later)}) are set aside in {root / ckpt.NONFINITE_DIR}",
+            file=sys.stderr,
+        )

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lmforge.config.sections import LoopConfig
+from lmforge.files import refuse_link
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
@@ -55,6 +56,8 @@ class RunSession:
         self.resume_from: Path | None = None
         self.log: MetricsLogger | None = None
         with self.closed_on_error():
+            for own in (ckpt.CHECKPOINTS_DIR, ckpt.BEST_DIR):  # before any work, not at the first save
+                refuse_link(self.dir / own)
             seed_everything(rank_seed(seed, self.dist.rank) if rank_seeds else seed)
 
     def find_resume(
