@@ -83,8 +83,8 @@ def _check_finite(model: torch.nn.Module, where: Path) -> None:
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise LMForgeError(
-            f"{where}: {len(bad)} weight tensor(s) hold NaN or infinity (first: {bad[0]}): the run had diverged when it "
-            "saved them; use an earlier checkpoint"
+            f"{where}: {len(bad)} weight tensor(s) hold NaN or infinity (first: {bad[0]}): the run had diverged "
+            "when it saved them; use an earlier checkpoint"
         )
 
 
