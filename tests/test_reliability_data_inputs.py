@@ -208,8 +208,8 @@ def test_scratch_of_a_killed_prepare_is_removed_by_the_next_but_a_live_one_is_ke
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     try:
         assert proc.stdout.readline() == "writing\n"  # inside its first write: its scratch dir holds a .bin
-        left = scratch(parent)
-        assert len(left) == 1 and left[0].startswith(".a.tmp-")
+        left = scratch(parent)  # its lock file and its scratch dir
+        assert len(left) == 2 and left[0] == ".a.lock" and left[1].startswith(".a.tmp-")
         assert run_cli(capsys, *args, str(parent / "b"))[0] == 0
         assert scratch(parent) == left  # a live prepare's scratch is never touched
     finally:

@@ -29,6 +29,7 @@ import numpy as np
 from lmforge.data.clean import RULES, CleanConfig, Cleaner, clean_lines
 from lmforge.data.corpus import default_corpus_paths
 from lmforge.data.decontaminate import Decontaminator
+from lmforge.data.prepare_lock import PrepareLock, remove_stale_locks
 from lmforge.data.readers import describe_input, read_documents
 from lmforge.errors import LMForgeError
 from lmforge.files import pid_alive, write_error
@@ -264,7 +265,7 @@ def _scratch(out: Path, kind: str) -> Path:
 def _remove_stale_scratch(parent: Path) -> None:
     """Remove what killed prepares left in `parent`: scratch dirs holding only what prepare writes, and replaced data
     parked next to its finished successor. A live process's are kept; so is parked data whose successor is missing
-    (it is the only copy)."""
+    (it is the only copy). Lock files nobody holds go too (`remove_stale_locks`)."""
     for p in parent.iterdir():
         m = _SCRATCH_RE.fullmatch(p.name)
         if not m or m[4] == _NONCE or not p.is_dir() or (int(m[3]) != os.getpid() and pid_alive(int(m[3]))):
@@ -273,6 +274,7 @@ def _remove_stale_scratch(parent: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif m[2] == "tmp" and all(f.name in _WRITTEN for f in p.iterdir()):
             shutil.rmtree(p, ignore_errors=True)
+    remove_stale_locks(parent)
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
@@ -319,29 +321,45 @@ def prepare(
     _check_out(out)
     if tokenizer.eos_id is None:
         raise LMForgeError("the tokenizer has no EOS token; prepare needs one to separate documents")
-    sources = default_corpus_paths() if inputs is None else list(inputs)
-    decon = Decontaminator(decontaminate, decontaminate_n) if decontaminate else None
-    # Two passes over the input, so that memory does not grow with it: the first counts the documents (and decides
-    # which ones cleaning keeps), for the seeded split; the second tokenizes them chunk by chunk.
-    survey = _Survey(sources, text_field, Cleaner(clean_config) if clean else None, decon)
-    counts = survey.counts
-    if counts is not None and survey.n_docs < 2:
-        raise LMForgeError(f"cleaning kept {survey.n_docs} of {counts['docs_in']} documents; need at least 2")
-    if decon is not None and survey.n_docs < 2:
-        raise LMForgeError(
-            f"decontamination kept {survey.n_docs} of {len(survey.kept or ())} documents; need at least 2"
-        )
-    is_val = split_documents(survey.n_docs, val_fraction, seed)
+    lock = PrepareLock(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()  # before any work: a second prepare into `out` is refused at once
+    except OSError as e:
+        raise write_error(out, e) from e
+    with lock:
+        _check_out(out)  # again: another prepare may have written it before this one held the lock
+        sources = default_corpus_paths() if inputs is None else list(inputs)
+        decon = Decontaminator(decontaminate, decontaminate_n) if decontaminate else None
+        # Two passes over the input, so that memory does not grow with it: the first counts the documents (and
+        # decides which ones cleaning keeps), for the seeded split; the second tokenizes them chunk by chunk.
+        survey = _Survey(sources, text_field, Cleaner(clean_config) if clean else None, decon)
+        counts = survey.counts
+        if counts is not None and survey.n_docs < 2:
+            raise LMForgeError(f"cleaning kept {survey.n_docs} of {counts['docs_in']} documents; need at least 2")
+        if decon is not None and survey.n_docs < 2:
+            raise LMForgeError(
+                f"decontamination kept {survey.n_docs} of {len(survey.kept or ())} documents; need at least 2"
+            )
+        is_val = split_documents(survey.n_docs, val_fraction, seed)
+        settings = {"val_fraction": val_fraction, "seed": seed, "cleaning": counts,
+                    **({"decontamination": survey.decontamination} if decon is not None else {}),
+                    "replaced_bytes": survey.replaced_bytes, "tokenizer": tokenizer_source}  # fmt: skip
+        chunks = _chunks(sources, text_field, survey.kept, clean_config, clean, decon)
+        return _write(out, chunks, survey.n_chars, is_val, tokenizer, settings, sources)
+
+
+def _write(out: Path, chunks: Iterator[list[str]], n_chars: int, is_val: np.ndarray, tokenizer: TokenizerLike,
+           settings: dict, sources: Sequence) -> dict:  # fmt: skip
+    """Tokenize `chunks` into a scratch dir renamed onto `out` at the end; return its meta.json."""
     dtype = token_dtype(tokenizer.vocab_size)
     tmp = _scratch(out, "tmp")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_scratch(out.parent)
         tmp.mkdir()
         writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
         try:
-            chunks = _chunks(sources, text_field, survey.kept, clean_config, clean, decon)
-            _tokenize_into(chunks, survey.n_chars, is_val, tokenizer, writers)
+            _tokenize_into(chunks, n_chars, is_val, tokenizer, writers)
         finally:
             stats = {s: w.close() for s, w in writers.items()}
         meta = {
@@ -351,12 +369,7 @@ def prepare(
             "vocab_size": int(tokenizer.vocab_size),
             "eos_id": int(tokenizer.eos_id),
             **stats,
-            "val_fraction": val_fraction,
-            "seed": seed,
-            "cleaning": counts,
-            **({"decontamination": survey.decontamination} if decon is not None else {}),
-            "replaced_bytes": survey.replaced_bytes,
-            "tokenizer": tokenizer_source,
+            **settings,
             "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer) if hasattr(tokenizer, "backend") else None,
             "sources": [describe_input(p) for p in sources],
         }
