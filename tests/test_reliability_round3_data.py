@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_reliability_data_inputs import TEXTS, jsonl, run_cli, scratch, tok  # noqa: F401 (tok: a fixture)
+from training_testing import write_docs
 
 from lmforge.cli import main
 from lmforge.data import prepared_cache
@@ -85,3 +87,47 @@ def test_a_second_prepare_into_an_out_being_prepared_is_refused(tmp_path, tok, c
     meta = json.loads((out / "meta.json").read_text())
     assert meta["train"]["n_docs"] + meta["val"]["n_docs"] == 4
     assert sorted(p.name for p in parent.iterdir()) == ["out"]  # no lock or scratch left behind
+
+
+# --- 7: prepared shards shared through the cache -------------------------------------------------------------------
+
+
+def _pretrain_on(capsys, run: Path, corpus: Path) -> list[str]:
+    rc, err = cli(capsys, "pretrain", "gpt", f"--run.dir={run}", f"--data.inputs=[{corpus}]",
+                  "--data.vocab_size=300", "--train.max_steps=1", *TINY)  # fmt: skip
+    assert rc == 0, err
+    return err
+
+
+def _tamper_in_place(path: Path) -> None:
+    """Other ids, all inside the vocabulary, written into the file itself (not a new file in its place)."""
+    ids = np.fromfile(path, dtype=np.uint16)
+    with open(path, "r+b") as f:
+        f.write(((ids.astype(np.int64) + 7) % 300).astype(np.uint16).tobytes())
+
+
+def test_prepared_shards_are_a_runs_own_and_a_tampered_cache_entry_is_never_reused(tmp_path, caches, capsys):
+    corpus = write_docs(tmp_path / "docs.jsonl", 6)
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    assert "preparing token shards in" in "\n".join(_pretrain_on(capsys, a, corpus))
+    (entry,) = [p for p in (caches / "prepared").iterdir() if not p.name.startswith(".")]
+    good = (a / "data" / "train.bin").read_bytes()
+    assert "reusing the token shards" in "\n".join(_pretrain_on(capsys, b, corpus))
+    assert (b / "data" / "train.bin").read_bytes() == good
+
+    _tamper_in_place(a / "data" / "train.bin")  # one run's data changed...
+    assert (b / "data" / "train.bin").read_bytes() == good  # ...changes no other run's
+    assert (entry / "train.bin").read_bytes() == good  # ...nor the cache
+
+    _tamper_in_place(entry / "train.bin")  # the cache entry itself, with ids a run would train on silently
+    err = _pretrain_on(capsys, c, corpus)
+    assert (
+        f"warning: the cached token shards in {entry} are damaged (train.bin: its sha256 is not the one recorded when "
+        "it was cached): preparing them again"
+    ) in err
+    assert any(line.startswith("preparing token shards in") for line in err)
+    assert (c / "data" / "train.bin").read_bytes() == good
+    assert (b / "data" / "train.bin").read_bytes() == good
+    err = _pretrain_on(capsys, d, corpus)  # the entry was made again: reused, without a warning
+    assert "reusing the token shards" in "\n".join(err) and not any(x.startswith("warning") for x in err)
+    assert (d / "data" / "train.bin").read_bytes() == good
