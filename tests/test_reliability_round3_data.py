@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -131,3 +132,57 @@ def test_prepared_shards_are_a_runs_own_and_a_tampered_cache_entry_is_never_reus
     err = _pretrain_on(capsys, d, corpus)  # the entry was made again: reused, without a warning
     assert "reusing the token shards" in "\n".join(err) and not any(x.startswith("warning") for x in err)
     assert (d / "data" / "train.bin").read_bytes() == good
+
+
+# --- 8: kill -9 before config.yaml exists, then --resume -----------------------------------------------------------
+
+_PAUSED_PREPARE = """
+import sys, time
+from lmforge.data.prepare import _SplitWriter
+write = _SplitWriter.write
+def paused(self, *args):
+    write(self, *args)
+    self.file.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+_SplitWriter.write = paused
+from lmforge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_resume_of_a_run_killed_before_its_config_existed_never_takes_another_recipe(tmp_path, caches, capsys):
+    corpus = write_docs(tmp_path / "docs.jsonl", 6)
+    run = tmp_path / "run"
+    own = [f"--run.dir={run}", f"--data.inputs=[{corpus}]", "--data.vocab_size=300", "--train.max_steps=2", *TINY]
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED_PREPARE, "pretrain", "gpt", *own],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "writing\n"  # tokenizer trained, token shards half written
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    tokenizer = run / "tokenizer" / "tokenizer.json"
+    made = (tokenizer.read_bytes(), tokenizer.stat().st_ino)
+    assert not (run / "config.yaml").exists()
+
+    rc, err = cli(capsys, "--quiet", "pretrain", f"--run.dir={run}", "--resume", "--train.max_steps=1")
+    assert (rc, err) == (2, [
+        f"error: cannot resume {run}: the run never started (it has no config.yaml and no checkpoint), so there is "
+        f"nothing to resume: run the command that started it again, naming its recipe (lmforge pretrain RECIPE "
+        f"--run.dir={run} ...)"
+    ])  # fmt: skip
+    rc, err = cli(capsys, "--quiet", "pretrain", "demo", f"--run.dir={run}", "--resume", "--train.max_steps=1")
+    assert (rc, err) == (2, [
+        f"error: cannot resume {run}: its tokenizer was trained with other settings (data.inputs {[str(corpus)]!r} "
+        "→ [], data.vocab_size 300 → 4096), and a resumed run keeps its tokenizer: name the recipe and options the "
+        "run was started with, or start a new run with another --run.dir"
+    ])  # fmt: skip
+    assert (tokenizer.read_bytes(), tokenizer.stat().st_ino) == made and not (run / "config.yaml").exists()
+
+    rc, err = cli(capsys, "pretrain", "gpt", *own, "--resume")  # the recipe named: it starts, with its own tokenizer
+    assert rc == 0 and f"warning: --resume: no checkpoint in {run} yet, starting at step 0" in err
+    assert not any("tokenizer of" in line for line in err)  # not trained again
+    assert (tokenizer.read_bytes(), tokenizer.stat().st_ino) == made
+    assert [p.name for p in run.iterdir() if ".tmp-" in p.name] == []  # the killed prepare's scratch removed
+    assert (run / "checkpoints" / "step_2").is_dir()

@@ -76,6 +76,17 @@ def saved_run_config(run_dir: Path, build: Callable[[dict], Any], unpack: Callab
     return unpack(config)
 
 
+def never_started(run_dir: Path, kind: str) -> LMForgeError:
+    """The line for --resume without a recipe on a run that has no config to continue with: killed before it saved
+    one (while it trained its tokenizer or prepared its data), or never run. Its recipe is not known, and the
+    default one would replace what the run made."""
+    return LMForgeError(
+        f"cannot resume {run_dir}: the run never started (it has no config.yaml and no checkpoint), so there is "
+        f"nothing to resume: run the command that started it again, naming its recipe (lmforge {kind} RECIPE "
+        f"--run.dir={run_dir} ...)"
+    )
+
+
 def resolved_run_dir(recipe: str | None, kind: str, user: dict, default: str | None = None) -> Path:
     """The run dir a command line names: --run.dir, else the recipe's run.dir, else `default`."""
     found = get_key(user, "run.dir")

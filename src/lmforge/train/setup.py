@@ -151,10 +151,7 @@ def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
         return load_tokenizer(cfg.data.tokenizer)
     tok_dir = run_dir / "tokenizer"
     family = cfg.data.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
-    recipe = {"inputs": cfg.data.inputs, "kind": cfg.data.tokenizer_kind, "family": family,
-              "vocab_size": cfg.data.vocab_size}  # fmt: skip
-    if cfg.data.text_field != "text" or cfg.data.tokenizer_sample_chars is not None:  # older runs' recipes stay valid
-        recipe |= {"text_field": cfg.data.text_field, "sample_chars": cfg.data.tokenizer_sample_chars}
+    recipe = _tokenizer_recipe(cfg)
     if dist.is_main and _stale(tok_dir, recipe):
         texts = _training_texts(_input_paths(cfg), cfg.data.text_field)
         status(f"training a {cfg.data.tokenizer_kind} tokenizer of {cfg.data.vocab_size} tokens")
@@ -167,6 +164,42 @@ def load_or_train_tokenizer(cfg: Config, run_dir: Path, dist: DistInfo):
 
 
 _RECIPE_FILE = "lmforge_made_with.json"
+_TOKENIZER_KEYS = {"inputs": "data.inputs", "kind": "data.tokenizer_kind", "family": "data.tokenizer_family",
+                   "vocab_size": "data.vocab_size", "text_field": "data.text_field",
+                   "sample_chars": "data.tokenizer_sample_chars"}  # fmt: skip
+"""The settings a run's tokenizer is trained with (as its lmforge_made_with.json records them) and their keys."""
+
+
+def _tokenizer_recipe(cfg: Config) -> dict:
+    """What the tokenizer a run trains depends on."""
+    d = cfg.data
+    family = d.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
+    recipe = {"inputs": d.inputs, "kind": d.tokenizer_kind, "family": family, "vocab_size": d.vocab_size}
+    if d.text_field != "text" or d.tokenizer_sample_chars is not None:  # older runs' recipes stay valid
+        recipe |= {"text_field": d.text_field, "sample_chars": d.tokenizer_sample_chars}
+    return recipe
+
+
+def keep_run_tokenizer(cfg: Config, run_dir: Path) -> None:
+    """A run started again with --resume (it has no config to continue with yet) keeps the tokenizer it trained: one
+    line when `cfg` would train another in its place (another recipe, other data settings)."""
+    if cfg.data.tokenizer or cfg.run.init:  # the run does not use RUN/tokenizer
+        return
+    try:
+        made = json.loads((Path(run_dir) / "tokenizer" / _RECIPE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # none yet: it is trained as usual
+    want = _tokenizer_recipe(cfg)
+    if not isinstance(made, dict) or made == want:
+        return
+    keys = [*want, *(k for k in made if k not in want)]
+    changes = ", ".join(f"{_TOKENIZER_KEYS.get(k, k)} {made.get(k)!r} → {want.get(k)!r}" for k in keys
+                        if made.get(k) != want.get(k))  # fmt: skip
+    raise LMForgeError(
+        f"cannot resume {run_dir}: its tokenizer was trained with other settings ({changes}), and a resumed run keeps "
+        "its tokenizer: name the recipe and options the run was started with, or start a new run with another "
+        "--run.dir"
+    )
 
 
 def _stale(directory: Path, recipe: dict) -> bool:
