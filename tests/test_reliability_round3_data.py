@@ -4,9 +4,11 @@ be written. Each case asserts the exit code, the one error line, and what is lef
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,3 +188,111 @@ def test_resume_of_a_run_killed_before_its_config_existed_never_takes_another_re
     assert (tokenizer.read_bytes(), tokenizer.stat().st_ino) == made
     assert [p.name for p in run.iterdir() if ".tmp-" in p.name] == []  # the killed prepare's scratch removed
     assert (run / "checkpoints" / "step_2").is_dir()
+
+
+# --- 16: a run dir that cannot be written --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(prepared_docs, tmp_path_factory) -> tuple[Path, list[str]]:
+    tokenizer, data = prepared_docs(24)
+    run = tmp_path_factory.mktemp("ro") / "run"
+    args = ["pretrain", "gpt", f"--data.tokenizer={tokenizer}", f"--data.prepared={data}", "--model.vocab_size=512"]
+    args += TINY
+    assert main([*args, f"--run.dir={run}", "--train.max_steps=2", "--train.save_every=2", "--quiet"]) == 0
+    return run, args
+
+
+def _listing(d: Path) -> dict[str, tuple[int, float]]:
+    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime) for p in sorted(d.rglob("*"))}
+
+
+def _read_only(d: Path, *command: str) -> subprocess.CompletedProcess:
+    """`lmforge COMMAND` with `d` a read-only bind mount (EROFS, which even root gets), in a mount namespace of its
+    own so that nothing outside the process sees it."""
+    mount = f"mount --bind '{d}' '{d}' && mount -o remount,ro,bind '{d}' '{d}' && exec \"$@\""
+    cmd = ["unshare", "--map-root-user", "--mount", "sh", "-c", mount, "sh", sys.executable, "-m", "lmforge.cli"]
+    return subprocess.run([*cmd, *command], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def _can_mount_read_only(tmp_path: Path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c",
+                            f"mount --bind '{tmp_path}' '{tmp_path}' && mount -o remount,ro,bind '{tmp_path}' "
+                            f"'{tmp_path}' && ! touch '{tmp_path}/x' 2>/dev/null"], capture_output=True)  # fmt: skip
+    return probe.returncode == 0
+
+
+def test_a_read_only_run_dir_is_one_line_before_any_work_and_still_reads(finished_run, tmp_path):
+    if not _can_mount_read_only(tmp_path):
+        pytest.skip("no user and mount namespaces here to mount a dir read-only")
+    run, args = finished_run
+    before = _listing(run.parent)
+    done = _read_only(run, *args, f"--run.dir={run}", "--resume", "--train.max_steps=4", "--quiet")
+    assert (done.returncode, done.stderr.splitlines()) == (2, [
+        f"error: run dir {run} is not writable (Read-only file system): make it writable, or choose another --run.dir"
+    ]), done.stderr  # fmt: skip
+    new = tmp_path / "deeper" / "run"
+    done = _read_only(tmp_path, *args, f"--run.dir={new}", "--quiet")
+    assert (done.returncode, done.stderr.splitlines()) == (2, [
+        f"error: cannot create run dir {new}: {tmp_path} is not writable (Read-only file system): choose another "
+        "--run.dir"
+    ]), done.stderr  # fmt: skip
+    text = tmp_path / "text.txt"
+    text.write_text("It was the best of times, it was the worst of times.\n" * 4)
+    for command in (["generate", str(run), "--prompt", "The", "--max-new-tokens", "4"],
+                    ["eval", str(run), "--text", str(text)]):  # fmt: skip
+        done = _read_only(run, *command)
+        assert done.returncode == 0, done.stderr  # reading a read-only run works
+    assert _listing(run.parent) == before and sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]
+
+
+def _refuse_new_entries_in(monkeypatch, d: Path) -> None:
+    """What the kernel does to a process that is not root in a dir without write permission (chmod 555): making an
+    entry there fails with EACCES, while files already there stay writable."""
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def in_d(path) -> bool:
+        return Path(os.path.abspath(path)).parent == d
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def fake_open(path, flags, mode=0o777, *, dir_fd=None):
+        if dir_fd is None and flags & os.O_CREAT and in_d(path) and not os.path.lexists(path):
+            denied(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    def fake_mkdir(path, mode=0o777, *, dir_fd=None):
+        if dir_fd is None and in_d(path):
+            denied(path)
+        return real_mkdir(path, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+def test_a_run_dir_without_write_permission_is_one_line_before_any_work(finished_run, tmp_path, capsys,
+                                                                         monkeypatch):  # fmt: skip
+    run, args = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = _listing(tmp_path)
+    with monkeypatch.context() as m:
+        _refuse_new_entries_in(m, copy)  # its .lock is there, and writable: taking the lock works
+        rc, err = cli(capsys, *args, f"--run.dir={copy}", "--resume", "--train.max_steps=4", "--quiet")
+    assert (rc, err) == (2, [
+        f"error: run dir {copy} is not writable (Permission denied): make it writable, or choose another --run.dir"
+    ])  # fmt: skip
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    with monkeypatch.context() as m:
+        _refuse_new_entries_in(m, parent)
+        rc, err = cli(capsys, *args, f"--run.dir={parent / 'run'}", "--quiet")
+    assert (rc, err) == (2, [
+        f"error: cannot create run dir {parent / 'run'}: {parent} is not writable (Permission denied): choose "
+        "another --run.dir"
+    ])  # fmt: skip
+    assert _listing(tmp_path) == {**before, "locked": _listing(tmp_path)["locked"]}
+    assert list(parent.iterdir()) == []

@@ -6,6 +6,7 @@ names the holder (its pid, host, start time and command, written into the lock f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -14,10 +15,11 @@ import time
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
-from lmforge.files import open_no_follow
+from lmforge.files import open_no_follow, os_reason, write_error
 from lmforge.train.distributed import DistInfo, broadcast_object
 
 LOCK_FILE = ".lock"
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # chmod, a read-only mount
 
 try:
     import fcntl
@@ -41,8 +43,7 @@ class RunLock:
     def acquire(self) -> None:
         if fcntl is None or self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+        fd = self._open()
         if not _lock(fd):
             holder = _describe(self.path)
             os.close(fd)
@@ -51,6 +52,35 @@ class RunLock:
                 f"{self.option}"
             )
         self._take(fd)
+
+    def _open(self) -> int:
+        """The lock file opened for writing, in a run dir made if missing and shown writable first (a file made
+        and removed), so that a dir the run could not write is one line before any work, not an error at its
+        first save."""
+        run_dir = self.path.parent
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if e.errno not in _NOT_WRITABLE:
+                raise write_error(run_dir, e) from None
+            where = Path(e.filename).parent if e.filename else run_dir.parent
+            raise LMForgeError(
+                f"cannot create {self.what} {run_dir}: {where} is not writable ({os_reason(e)}): choose another "
+                f"{self.option}"
+            ) from None
+        probe = run_dir / f"{LOCK_FILE}.probe-{os.getpid()}"
+        try:
+            probe.unlink(missing_ok=True)  # a killed process's (a link planted there: the link, not its target)
+            os.close(open_no_follow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
+            return open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as e:
+            if e.errno not in _NOT_WRITABLE:
+                raise write_error(Path(e.filename or self.path), e) from None
+            raise LMForgeError(
+                f"{self.what} {run_dir} is not writable ({os_reason(e)}): make it writable, or choose another "
+                f"{self.option}"
+            ) from None
 
     def _take(self, fd: int) -> None:
         """Record this process in the locked file `fd` (for the refusal of the next one) and hold it."""
