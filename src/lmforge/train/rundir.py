@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
-from lmforge.files import open_no_follow, os_reason, write_error
+from lmforge.files import open_no_follow, os_reason, require_utf8_name, write_error
 from lmforge.train.distributed import DistInfo, broadcast_object
 
 LOCK_FILE = ".lock"
@@ -41,6 +41,7 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        require_utf8_name(self.path.parent, self.what, self.option)
         if fcntl is None or self._fd is not None:
             return
         fd = self._open()
