@@ -24,6 +24,9 @@ ARM_KEYS = ("name", "recipe", "init", "budget")
 """Arm keys besides dotted config keys."""
 RESERVED = ("run.dir", "run.seed")
 """Config keys the experiment sets for every run."""
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
+"""An arm's, task's, evaluation's or ensemble's name: it names a directory of the experiment (OUT/finetune/TASK/
+ARM-sSEED), so never '..', a '/' or an empty string."""
 ARCHES = ("decoder", "encoder", "encoder-decoder")
 BudgetKind = Literal["tokens", "flops", "steps"]
 
@@ -179,7 +182,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     if user and not pt:
         raise LMForgeError(f"--{next(iter(flatten(user)))}: this experiment has no pretraining arms to apply it to")
     budget = _budget(pt["budget"], "pretrain.budget") if "budget" in pt else _budget(raw.get("budget"), "budget")
-    arms = _arms(pt, "pretrain", default=str(pt.get("recipe", "gpt"))) if pt else []
+    arms = _arms(pt, "pretrain", default=default_name(str(pt.get("recipe", "gpt")))) if pt else []
     for arm in arms:
         if isinstance(arm.recipe, dict):
             raise LMForgeError(f"pretrain.arms: {arm.name}: recipe: expected a pretrain recipe name or path")
@@ -276,6 +279,18 @@ def _with_base(path: Path, seen: set[Path]) -> dict:
     return merge_dicts(_with_base(bp, seen | {path.resolve()}), raw)
 
 
+def check_name(name: str, what: str) -> None:
+    """Refuse a name that is not a plain directory name (`NAME`): one with a '/' or '..' would put a run's files
+    outside the experiment dir."""
+    if not NAME.fullmatch(name):
+        raise LMForgeError(f"{what} '{name}' must be letters, digits, '.', '_', '+', '=' or '-'")
+
+
+def default_name(recipe: str) -> str:
+    """The name of an arm or evaluation named after its recipe or task: the name itself, or a path's file stem."""
+    return recipe if NAME.fullmatch(recipe) else _slug(Path(recipe).stem)
+
+
 def _check_keys(raw: dict, keys: tuple[str, ...], prefix: str, where: str = "") -> None:
     for k in raw:
         if k not in keys:
@@ -344,8 +359,7 @@ def _ensembles(value: Any, arms: list[str], seeds: list[int]) -> list[EnsembleSp
             raise LMForgeError(f"finetune.ensembles: each ensemble is a mapping with a name, got {e!r}")
         name = e["name"]
         _check_keys(e, ENSEMBLE_KEYS, "", where=f"finetune.ensembles: {name}")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=-]*", name):
-            raise LMForgeError(f"finetune.ensembles: name '{name}' must be letters, digits, '.', '_', '+', '=' or '-'")
+        check_name(name, "finetune.ensembles: name")
         if name in arms or name in {x.name for x in out}:
             raise LMForgeError(f"finetune.ensembles: {name}: the name is taken by another arm or ensemble")
         if e.get("arm") not in arms:
@@ -403,8 +417,8 @@ def _arm(a: Any, stage: str) -> ArmSpec:
     if not isinstance(a, dict) or not isinstance(a.get("name", None), str):
         raise LMForgeError(f"{stage}.arms: each arm is a mapping with a name, got {a!r}")
     name = a["name"]
-    if name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=-]*", name):
-        raise LMForgeError(f"{stage}.arms: arm name '{name}' must be letters, digits, '.', '_', '+', '=' or '-'")
+    if name:
+        check_name(name, f"{stage}.arms: arm name")
     plain = {k: v for k, v in a.items() if "." not in str(k)}
     _check_keys(plain, ARM_KEYS, "", where=f"{stage}.arms: {name or 'arm'}")
     dotted = _overrides({k: v for k, v in a.items() if "." in str(k)}, f"{stage}.arms: {name}")
@@ -441,6 +455,7 @@ def _tasks(value: Any) -> list[FinetuneTask]:
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or "recipe" not in t:
             raise LMForgeError(f"finetune.tasks: each task is a mapping with a name and a recipe, got {t!r}")
         _check_keys(t, TASK_KEYS, "", where=f"finetune.tasks: {t['name']}")
+        check_name(t["name"], "finetune.tasks: task name")
         recipe = t["recipe"]
         if isinstance(recipe, dict):
             bad = [k for k in recipe if k not in ARCHES]
@@ -475,7 +490,9 @@ def _evals(value: Any, cli: dict[str, Any]) -> list[EvalSpec]:
         if arms is not None and (not isinstance(arms, list) or not all(isinstance(a, str) for a in arms)):
             raise LMForgeError(f"eval: {e['task']}: arms: expected a list of pretraining arm names, got {arms!r}")
         over = _overrides(e.get("overrides"), f"eval: {e['task']}") | cli
-        out.append(EvalSpec(str(e.get("name", e["task"])), e["task"], over, arms))
+        name = str(e["name"]) if "name" in e else default_name(e["task"])
+        check_name(name, "eval: name")
+        out.append(EvalSpec(name, e["task"], over, arms))
     if len({e.name for e in out}) != len(out):
         raise LMForgeError("eval: evaluation names must be unique (give each a name:)")
     return out

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.experiments.runner import Arm, flatten, resolve_config
+from lmforge.experiments.spec import check_name
 from lmforge.progress import status
 
 RESERVED = ("run.dir", "train.max_steps")
@@ -114,6 +115,8 @@ def _sizes(p: Path, sizes: Any, shape: Any) -> list[tuple[str, dict[str, Any]]]:
             out.append((s["name"], {k: v for k, v in s.items() if k != "name"}))
         else:
             raise LMForgeError(f"{p}: sizes: each size is a preset name or a mapping with a name, got {s!r}")
+    for name, _ in out:  # each names a dir OUT/arms/NAME-D<tokens>
+        check_name(name, f"{p}: sizes: name")
     if len({n for n, _ in out}) != len(out):
         raise LMForgeError(f"{p}: sizes: names must be unique")
     return out
