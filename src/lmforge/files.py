@@ -26,6 +26,30 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "lmforge"
 
 
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # a string whole (brackets in it do not count), or a bracket
+
+
+def loads_json(text: str | bytes) -> Any:
+    """`json.loads`, but a document nested deeper than the parser's recursion limit (`[[[[...]]]]` 200,000 levels
+    deep) raises `json.JSONDecodeError` ("nested too deeply: N levels", at its deepest bracket) like
+    any other malformed document, where json.loads raises RecursionError. Readers of user files use it, so the
+    `file:line: malformed JSON (...)` line they give for a syntax error covers this too."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        doc = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        depth = deepest = at = 0
+        for m in _JSON_TOKENS.finditer(doc):
+            c = m.group()
+            if c in "[{":
+                depth += 1
+                if depth > deepest:
+                    deepest, at = depth, m.start()
+            elif c in "]}":
+                depth -= 1
+        raise json.JSONDecodeError(f"nested too deeply: {deepest} levels", doc, at) from None
+
+
 def load_torch_file(path: Path, holds: str = "tensors and plain data") -> Any:
     """`torch.load(path, weights_only=True)` on CPU: a pickle can run code, so only tensors and plain containers
     are accepted. A damaged file or one holding other objects is one LMForgeError (`holds` names what is allowed)."""

@@ -25,6 +25,7 @@ from lmforge.adapt.prefix import PrefixOptions, apply_prefix
 from lmforge.adapt.prompt import PromptOptions, apply_prompt
 from lmforge.adapt.topk import TopKOptions, apply_topk
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 from lmforge.registry import ADAPTERS
 
 Method = Literal["lora", "houlsby", "pfeiffer", "prefix", "prompt", "topk", "adamix"]
@@ -167,7 +168,7 @@ def read_adapter_config(directory: str | Path) -> dict:
     """The adapter's method, options and base-model fields, as saved."""
     path = Path(directory) / ADAPTER_CONFIG
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise LMForgeError(f"no {ADAPTER_CONFIG} in {directory}: not an adapter directory") from e
     except (OSError, json.JSONDecodeError) as e:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 
 
 def add_parser(sub, name: str) -> None:
@@ -45,7 +46,7 @@ def read_inputs(path: str) -> list[str | dict]:
     items: list[str | dict] = []
     for n, line in lines:
         try:
-            item = json.loads(line)
+            item = loads_json(line)
         except json.JSONDecodeError as e:
             raise LMForgeError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         if not isinstance(item, (str, dict)):

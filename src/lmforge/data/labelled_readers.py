@@ -23,6 +23,7 @@ from typing import Literal
 from lmforge.data.examples import Dataset, Example
 from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 
 TaskType = Literal["classification", "regression", "multiple_choice", "span", "tagging", "text_to_text"]
 Field = str | int  # a column name, or a 0-based column index for files without a header
@@ -68,7 +69,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_json(line)
         except json.JSONDecodeError as e:
             raise fail(path, n, f"invalid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict):
@@ -81,7 +82,7 @@ def read_json(path: Path) -> object:
     with open_binary(path) as f:
         raw = f.read()
     try:
-        return json.loads(raw.decode("utf-8-sig"))
+        return loads_json(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise LMForgeError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:

@@ -22,6 +22,7 @@ from typing import BinaryIO
 from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
 from lmforge.extras import require
+from lmforge.files import loads_json
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", "")
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
@@ -301,7 +302,7 @@ class DocumentStream(Iterator[str]):
         if not line:
             return None
         try:
-            obj = json.loads(line)
+            obj = loads_json(line)
         except json.JSONDecodeError as e:
             raise LMForgeError(f"{path}:{lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
         if not isinstance(obj, dict):

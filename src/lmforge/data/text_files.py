@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 
 
 def check_input_file(path: Path | str) -> Path:
@@ -54,7 +55,7 @@ def iter_texts(path: Path, text_field: str = "text") -> Iterator[str]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = loads_json(line)
                 except json.JSONDecodeError as e:
                     raise LMForgeError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
                 text = record.get(text_field) if isinstance(record, dict) else None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lmforge.data.glue import GLUE_TASKS, task_key
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 
 Results = dict[str, dict[str, float]]
 
@@ -136,7 +137,7 @@ def read_results(path: Path | str) -> Results:
     """Results written by `write_results`."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise LMForgeError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:

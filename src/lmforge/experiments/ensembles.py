@@ -16,7 +16,7 @@ from pathlib import Path
 from lmforge.errors import LMForgeError
 from lmforge.experiments.runner import LOG_FILE, Arm, ArmResult
 from lmforge.experiments.spec import EnsembleSpec, Experiment
-from lmforge.files import write_atomic
+from lmforge.files import loads_json, write_atomic
 from lmforge.train.finetune import PREDICTIONS
 
 
@@ -128,7 +128,7 @@ def _read(path: Path) -> dict:
     if not path.is_file():
         raise LMForgeError(f"{path}: not found (a fine-tune writes it when it finishes a task that chooses a label)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
         ok = isinstance(data, dict) and isinstance(data.get("labels"), list) and "dev" in data
     except (OSError, ValueError):
         ok = False

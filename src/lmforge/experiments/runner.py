@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LMForgeError
-from lmforge.files import append_text
+from lmforge.files import append_text, loads_json
 from lmforge.progress import status
 from lmforge.train.signals import LIFELINE_ENV, Stopped
 
@@ -152,7 +152,7 @@ def _clock_end(run_dir: Path) -> dict | None:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # missing, or half written by a killed process
     return data if isinstance(data, dict) else None

@@ -9,6 +9,7 @@ from pathlib import Path
 import tokenizers
 
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 from lmforge.tokenizers.hf_call import HFTokenizerMixin
 from lmforge.tokenizers.specials import FAMILIES, KINDS, ROLES, SPECS, infer_family, sentinel_token
 
@@ -204,7 +205,7 @@ class Tokenizer(HFTokenizerMixin):
         training = None
         if meta_file.exists():
             kind, family, roles = _read_meta(meta_file)
-            training = json.loads(meta_file.read_text(encoding="utf-8")).get("training")
+            training = loads_json(meta_file.read_text(encoding="utf-8")).get("training")
             actual = _MODEL_KINDS.get(type(backend.model).__name__)
             if kind != actual:
                 msg = f"cannot load tokenizer: {meta_file} says kind {kind!r} but {file} holds {actual!r}"
@@ -220,7 +221,7 @@ class Tokenizer(HFTokenizerMixin):
 def _read_meta(meta_file: Path) -> tuple[str, str | None, dict[str, str]]:
     """Kind, family and role map from ``lmforge_tokenizer.json``, validated."""
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        meta = loads_json(meta_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LMForgeError(f"cannot load tokenizer: {meta_file} is not valid JSON ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:

@@ -21,7 +21,7 @@ import torch
 
 from lmforge.errors import LMForgeError
 from lmforge.extras import available, hint
-from lmforge.files import append_text, refuse_link, write_atomic
+from lmforge.files import append_text, loads_json, refuse_link, write_atomic
 from lmforge.models.flops import flops_per_token  # noqa: F401  (the trainer's MFU count; one definition)
 from lmforge.progress import status
 from lmforge.train.sinks import TENSORBOARD_DIR, open_sinks  # noqa: F401  (TENSORBOARD_DIR: where it was)
@@ -115,7 +115,7 @@ class MetricsLogger:
 def _after(line: str, step: int) -> bool:
     """Whether a log line belongs to a step after ``step``; unparsable lines count as not after."""
     try:
-        record = json.loads(line)
+        record = loads_json(line)
         return int(record["step"]) > step
     except (ValueError, KeyError, TypeError):
         return False
@@ -134,7 +134,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads_json(line)
         except ValueError as e:
             if i == len(lines):  # no trailing newline: the writer died mid-line
                 break

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge.errors import LMForgeError
-from lmforge.files import load_torch_file
+from lmforge.files import load_torch_file, loads_json
 from lmforge.models.hf.base import Converter, StateDict, converter_for, converter_of
 from lmforge.models.model import Transformer
 
@@ -27,7 +27,7 @@ def is_hf_dir(path: Path) -> bool:
     if not (path / HF_CONFIG).is_file():
         return False
     try:
-        return "model_type" in json.loads((path / HF_CONFIG).read_text(encoding="utf-8"))
+        return "model_type" in loads_json((path / HF_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
 
@@ -37,7 +37,7 @@ def read_hf_config(hf_dir: Path) -> dict:
     if not Path(hf_dir).is_dir():
         raise LMForgeError(f"Hugging Face model dir not found: {hf_dir}")
     try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
+        hf = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise LMForgeError(f"no {HF_CONFIG} in {hf_dir}") from e
     except (OSError, ValueError) as e:
@@ -72,7 +72,7 @@ def read_hf_weights(hf_dir: Path) -> StateDict:
         index = hf_dir / f"{name}.index.json"
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()), key=str)
+                shards = sorted(set(loads_json(index.read_text(encoding="utf-8"))["weight_map"].values()), key=str)
             except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
                 raise LMForgeError(f"could not read {index}: {e}") from e
             sd: StateDict = {}
