@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from lmforge.errors import LMForgeError
+from lmforge.files import loads_json
 
 Split = Literal["train", "val"]
 
@@ -37,9 +38,14 @@ def read_meta(data_dir: Path) -> dict:
     if not meta_file.is_file():
         raise LMForgeError(f"{data_dir} is not a prepared data dir (no meta.json; run 'lmforge data prepare')")
     try:
-        return json.loads(meta_file.read_text(encoding="utf-8"))
+        meta = loads_json(meta_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise LMForgeError(f"{meta_file}: malformed JSON ({e.msg}, line {e.lineno})") from None
+    except UnicodeDecodeError as e:
+        raise LMForgeError(f"{meta_file}: not UTF-8 text (byte {e.start})") from None
+    if not isinstance(meta, dict):
+        raise LMForgeError(f"{meta_file}: expected a JSON object, got {type(meta).__name__}")
+    return meta
 
 
 def open_tokens(data_dir: Path, split: Split, meta: dict | None = None) -> np.memmap:
@@ -48,12 +54,82 @@ def open_tokens(data_dir: Path, split: Split, meta: dict | None = None) -> np.me
     path = Path(data_dir) / f"{split}.bin"
     if split not in meta or not path.is_file():
         raise LMForgeError(f"{data_dir} has no '{split}' split ({path.name} missing)")
-    n, dtype = int(meta[split]["n_tokens"]), np.dtype(meta["dtype"])
+    try:
+        n, dtype = int(meta[split]["n_tokens"]), np.dtype(meta["dtype"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise LMForgeError(f"{Path(data_dir) / 'meta.json'}: no valid dtype and {split}.n_tokens ({e!r})") from None
+    if dtype.kind not in "ui" or n < 0:
+        raise LMForgeError(f"{Path(data_dir) / 'meta.json'}: dtype {dtype} and {n} {split} tokens are no token array")
     if path.stat().st_size != n * dtype.itemsize:
         raise LMForgeError(f"{path}: {path.stat().st_size} bytes, meta.json says {n} {dtype} tokens")
     if n == 0:
         return np.zeros(0, dtype=dtype)  # np.memmap cannot map an empty file
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+
+
+_SCAN = 1 << 24  # tokens a chunk: bounds the temporary arrays of a scan over a memory-mapped split
+
+
+def check_token_ids(data_dir: Path, vocab_size: int, bound: str, meta: dict | None = None) -> None:
+    """Refuse a prepared dir whose splits hold an id outside [0, vocab_size) (`bound` names the limit in the message,
+    e.g. "model.vocab_size=512"): the first step would fail on it inside an embedding lookup (IndexError on a CPU, a
+    device-side assert on a GPU). One vectorised pass over each memory-mapped split, skipped when its dtype cannot
+    hold such an id (uint16 shards and a vocabulary of 65,536 or more)."""
+    meta = meta or read_meta(data_dir)
+    for split in ("train", "val"):
+        if split not in meta:
+            continue
+        tokens = open_tokens(data_dir, split, meta)
+        info = np.iinfo(tokens.dtype)
+        if info.max < vocab_size and info.min >= 0:
+            continue
+        for i in range(0, len(tokens), _SCAN):
+            part = tokens[i : i + _SCAN]
+            if part.max() >= vocab_size or part.min() < 0:
+                pos = i + int(np.argmax((part >= vocab_size) | (part < 0)))
+                raise LMForgeError(
+                    f"{Path(data_dir) / f'{split}.bin'}: token id {int(tokens[pos])} at position {pos} is not below "
+                    f"{bound} (the shards were made with a larger vocabulary, or are damaged: prepare them again)"
+                )
+
+
+def read_doc_index(data_dir: Path, split: str, n_tokens: int, meta: dict) -> np.ndarray:
+    """The split's document index `SPLIT.idx` (int64 start of each document in SPLIT.bin), checked: one dimension of
+    integers, as many as meta.json's documents, from 0, increasing, inside the split's `n_tokens` tokens. Loaders
+    that need document boundaries (sentence pairs, document chunks) index the tokens with it."""
+    path = Path(data_dir) / f"{split}.idx"
+    if not path.is_file():
+        raise LMForgeError(f"{data_dir} has no document index {path.name} (prepare the data again)")
+    try:
+        starts = np.load(path, allow_pickle=False)
+    except (OSError, EOFError, ValueError) as e:
+        problem = f"not a document index (cannot read it as a .npy array: {str(e).splitlines()[0]})"
+    else:
+        problem = _index_problem(starts, n_tokens, meta.get(split, {}).get("n_docs"))
+    if problem:
+        raise LMForgeError(f"{path}: {problem} (prepare the data again)")
+    return starts.astype(np.int64)
+
+
+def _index_problem(starts: np.ndarray, n_tokens: int, n_docs: object) -> str | None:
+    """What is wrong with a document index, or None."""
+    if not isinstance(starts, np.ndarray) or starts.dtype.kind not in "ui":
+        return f"not a document index (dtype {getattr(starts, 'dtype', type(starts).__name__)}, expected integers)"
+    if starts.ndim != 1:
+        return f"not a document index (shape {starts.shape}, expected one dimension)"
+    if isinstance(n_docs, int) and len(starts) != n_docs:
+        return f"holds {len(starts)} document starts, meta.json says {n_docs} documents"
+    if len(starts) == 0:
+        return "holds no document starts" if n_tokens else None
+    if starts[0] != 0:
+        return f"the first document starts at {starts[0]}, not 0"
+    down = np.flatnonzero(np.diff(starts.astype(np.int64)) <= 0)
+    if len(down):
+        i = int(down[0]) + 1
+        return f"document starts are not increasing (entry {i}: {starts[i]} after {starts[i - 1]})"
+    if starts[-1] >= n_tokens:
+        return f"document start {starts[-1]} (entry {len(starts) - 1}) is beyond the split's {n_tokens} tokens"
+    return None
 
 
 def resume_position(loader, state: dict, keys: tuple[str, ...]) -> tuple[int, int]:

@@ -23,7 +23,14 @@ from typing import Literal
 import numpy as np
 import torch
 
-from lmforge.data.loader import open_tokens, rank_batches, rank_rows, read_meta, resume_position
+from lmforge.data.loader import (
+    open_tokens,
+    rank_batches,
+    rank_rows,
+    read_doc_index,
+    read_meta,
+    resume_position,
+)
 from lmforge.errors import LMForgeError
 
 _FINAL = set(".!?")
@@ -117,10 +124,7 @@ class ChunkLoader:
         self.rank, self.world_size = rank, world_size
         meta = read_meta(self.data_dir)
         self.tokens = open_tokens(self.data_dir, split, meta)  # type: ignore[arg-type]
-        idx = self.data_dir / f"{split}.idx"
-        if not idx.is_file():
-            raise LMForgeError(f"{self.data_dir} has no document index {idx.name} (prepare the data again)")
-        doc_starts = np.load(idx, allow_pickle=False).astype(np.int64)
+        doc_starts = read_doc_index(self.data_dir, split, len(self.tokens), meta)
         if len(self.tokens) == 0 or len(doc_starts) == 0:
             raise LMForgeError(f"{self.data_dir} {split} split is empty")
         self.index = SentenceIndex(np.asarray(self.tokens), doc_starts, end_ids, max_tokens, min_tokens)

@@ -230,6 +230,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0), again when an
     earlier attempt prepared them with other settings or another tokenizer."""
     from lmforge.data import prepare, prepared_cache
+    from lmforge.data.loader import check_token_ids, read_meta
     from lmforge.data.prepare import tokenizer_fingerprint
     from lmforge.progress import status
 
@@ -269,7 +270,7 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
                 prepared_cache.store(key, data_dir)
             write_atomic(data_dir / _RECIPE_FILE, json.dumps(recipe) + "\n")
         barrier(dist)
-    meta = json.loads((data_dir / "meta.json").read_text())
+    meta = read_meta(data_dir)
     if prepared_here and meta.get("replaced_bytes") and dist.is_main:
         print(
             f"warning: {meta['replaced_bytes']} bytes of the input are not valid UTF-8 and were replaced with U+FFFD",
@@ -287,6 +288,8 @@ def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
             f"prepared data in {data_dir} was tokenized with another tokenizer{named} than data.tokenizer "
             f"{cfg.data.tokenizer}: give the one it was prepared with"
         )
+    # An id past the embedding table fails inside the first step (an IndexError; on a GPU a device-side assert).
+    check_token_ids(data_dir, cfg.model.vocab_size, f"model.vocab_size={cfg.model.vocab_size}", meta)
     return data_dir
 
 
