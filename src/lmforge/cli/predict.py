@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LMForgeError
-from lmforge.files import loads_json
 
 
 def add_parser(sub, name: str) -> None:
@@ -34,6 +33,8 @@ def run(args: argparse.Namespace) -> None:
 def read_inputs(path: str) -> list[str | dict]:
     """Inputs of a file ("-": stdin): JSON Lines (one object of Example fields, or a string, per line) when the
     name ends in .jsonl, else one text per line; blank lines are skipped."""
+    from lmforge.files import loads_json  # here: the CLI reads its command line before torch is imported
+
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
