@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> None:
 def read_inputs(path: str) -> list[str | dict]:
     """Inputs of a file ("-": stdin): JSON Lines (one object of Example fields, or a string, per line) when the
     name ends in .jsonl, else one text per line; blank lines are skipped."""
-    from lmforge.files import loads_json  # here: the CLI reads its command line before torch is imported
+    from lmforge.data.surrogates import check_surrogates
+    from lmforge.files import loads_json
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -42,7 +43,10 @@ def read_inputs(path: str) -> list[str | dict]:
     except (OSError, UnicodeDecodeError) as e:
         raise LMForgeError(f"could not read {path}: {e}") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if not path.endswith(".jsonl"):
+    jsonl = path.endswith(".jsonl")
+    for n, line in lines:  # stdin's bytes that are not UTF-8, an unpaired \ud800 escape: no tokenizer takes them
+        check_surrogates(line, f"{path}:{n}", json_text=jsonl)
+    if not jsonl:
         return [line.strip() for _, line in lines]
     items: list[str | dict] = []
     for n, line in lines:
@@ -67,6 +71,11 @@ def _inputs(texts: list[str] | None, pairs: list[str] | None, context: str | Non
         raise LMForgeError("nothing to predict: give --text TEXT (repeatable) or --input FILE")
     if pairs and len(pairs) != len(texts):
         raise LMForgeError(f"{len(pairs)} --text-pair for {len(texts)} --text: give one pair per text")
+    from lmforge.data.surrogates import check_surrogates
+
+    for flag, values in (("--text", texts), ("--text-pair", pairs or []), ("--context", [context] if context else [])):
+        for i, value in enumerate(values, 1):  # a command line's bytes that are not UTF-8 come as lone surrogates
+            check_surrogates(value, f"{flag} {i}" if flag != "--context" else flag)
     items: list = []
     for i, t in enumerate(texts):
         items.append(

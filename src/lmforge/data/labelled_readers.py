@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from lmforge.data.examples import Dataset, Example
+from lmforge.data.surrogates import check_surrogates, lone_surrogate, surrogate_error
 from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
 from lmforge.files import loads_json
@@ -74,6 +75,8 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             raise fail(path, n, f"invalid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict):
             raise fail(path, n, f"expected a JSON object, found {type(obj).__name__}")
+        if "\\u" in line:  # an unpaired \ud800 escape: a str no tokenizer takes
+            check_surrogates(line, f"{path}:{n}", json_text=True)
         yield n, obj
 
 
@@ -82,11 +85,15 @@ def read_json(path: Path) -> object:
     with open_binary(path) as f:
         raw = f.read()
     try:
-        return loads_json(raw.decode("utf-8-sig"))
+        text = raw.decode("utf-8-sig")
+        doc = loads_json(text)
     except UnicodeDecodeError as e:
         raise LMForgeError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise fail(path, e.lineno, f"invalid JSON ({e.msg} at column {e.colno})") from None
+    if (hit := lone_surrogate(text, json_text=True)) is not None:  # an unpaired \ud800 escape, on its line
+        raise surrogate_error(f"{path}:{text.count(chr(10), 0, hit[0]) + 1}", hit[1])
+    return doc
 
 
 def check_label(path: Path, line: int, label: str, labels: Sequence[str]) -> str:

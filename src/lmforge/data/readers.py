@@ -2,7 +2,8 @@
 
 One document per .txt file, per JSONL line (``text_field``), per CSV row (column ``text_field``) or per
 Parquet row; one longer than ``DOC_CHARS`` (32k characters), whatever its format, is cut at paragraphs into several.
-Bytes that are not valid UTF-8 are replaced with U+FFFD and counted (``DocumentStream.replaced_bytes``); every bad
+Bytes that are not valid UTF-8 are replaced with U+FFFD and counted (``DocumentStream.replaced_bytes``), and so is
+each lone surrogate a JSON escape makes (``"\\ud800"``: text no UTF-8 encoder takes, damaged the same way); every bad
 input raises ``LMForgeError`` with one line.
 """
 
@@ -19,6 +20,7 @@ from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
+from lmforge.data.surrogates import replace_surrogates
 from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
 from lmforge.extras import require
@@ -315,6 +317,9 @@ class DocumentStream(Iterator[str]):
             raise LMForgeError(
                 f"{path}:{lineno}: field '{self.text_field}' is {type(value).__name__}, expected a string"
             )
+        if "\\u" in line:  # an unpaired \ud800 escape: replaced and counted like a byte that is not UTF-8
+            value, n = replace_surrogates(value)
+            self.replaced_bytes += n
         return value if value.strip() else None
 
     def _table(self, path: Path) -> Iterator[str]:

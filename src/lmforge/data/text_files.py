@@ -37,10 +37,12 @@ def iter_texts(path: Path, text_field: str = "text") -> Iterator[str]:
     ``.xz`` and ``.bz2`` files are decompressed first, and a file that is not text is refused rather than learned
     from.
 
-    Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run.
+    Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run, and so do lone surrogates (an
+    unpaired JSON escape such as \\ud800).
     """
     from lmforge.data.labelled_readers import open_binary
     from lmforge.data.readers import check_text
+    from lmforge.data.surrogates import replace_surrogates
 
     jsonl = [s.lower() for s in path.suffixes if s.lower() not in (".gz", ".xz", ".bz2")][-1:] == [".jsonl"]
     try:
@@ -61,7 +63,8 @@ def iter_texts(path: Path, text_field: str = "text") -> Iterator[str]:
                 text = record.get(text_field) if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     raise LMForgeError(f"{path}:{lineno}: expected an object with a string '{text_field}' field")
-                yield text
+                # An unpaired \ud800 escape becomes U+FFFD, as bytes that are not UTF-8 do.
+                yield replace_surrogates(text)[0] if "\\u" in line else text
     except (EOFError, lzma.LZMAError, OSError) as e:  # a truncated or corrupt archive, an unreadable file
         raise LMForgeError(f"{path}: cannot read ({e})") from e
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,7 +89,12 @@ def cmd_text(
     model, tok = load(path, device=device)
     if tok is None:
         raise LMForgeError(f"{path} has no tokenizer to encode the text with")
-    score = score_text(LM(model, tok, batch_size=batch_size), list(read_documents([file])), stride)
+    stream = read_documents([file])
+    docs = list(stream)
+    if stream.replaced_bytes:  # as pretraining warns of its inputs: the scores are of the text with U+FFFD in it
+        print(f"warning: {file}: {stream.replaced_bytes} bytes are not valid UTF-8 and were replaced with U+FFFD",
+              file=sys.stderr)  # fmt: skip
+    score = score_text(LM(model, tok, batch_size=batch_size), docs, stride)
     if not math.isfinite(score.loss):
         raise LMForgeError(
             f"the model's loss on {file} is {score.loss}: its weights give non-finite values, as those of a run that "
