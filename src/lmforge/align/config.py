@@ -172,7 +172,7 @@ def load_align_config(
 ) -> AlignConfig:
     """Recipe (path or bundled name in recipes/align/) + dotted overrides (+ `--init`, `--reward`) → AlignConfig."""
     extra = ({"model": {"init": init}} if init is not None else {}) | ({"ppo": {"reward": reward}} if reward else {})
-    cfg = build_align_config(recipe_dict(recipe, "align", overrides, extra or None))
+    cfg = build_align_config(recipe_dict(recipe, "align", overrides, extra or None, schema=AlignConfig))
     if recipe is not None and cfg.run.recipe is None:
         cfg.run.recipe = str(recipe)
     return cfg

@@ -101,4 +101,4 @@ def load_compress_config(
 ) -> CompressConfig:
     """Recipe (path or bundled name in recipes/compress/) + dotted overrides (+ `--teacher RUN`)."""
     extra = {"teacher": {"run": teacher}} if teacher is not None else None
-    return build_compress_config(recipe_dict(recipe, "compress", overrides, extra))
+    return build_compress_config(recipe_dict(recipe, "compress", overrides, extra, schema=CompressConfig))

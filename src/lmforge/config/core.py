@@ -228,12 +228,44 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
-def recipe_dict(
-    recipe: str | Path | None, kind: str, overrides: list[str] | dict | None = None, extra: dict | None = None
+def check_sections(
+    tree: dict, schema: type, where: str, shorthand: dict[str, str] | None = None, prefix: str = ""
 ) -> dict:
+    """`tree` (a recipe file's mapping, read from `where`) with every key that names a section of `schema` holding
+    a mapping, checked before overrides are merged over it: an override's section would otherwise replace a
+    section given a value (`train: 5`) without a word. A null section (its keys all commented out) is dropped;
+    a string is `{shorthand[key]: string}` where `shorthand` allows it (pretraining's `model: gpt-tiny`)."""
+    hints, out = field_types(schema), {}
+    for k, v in tree.items():
+        t = hints.get(k) if isinstance(k, str) else None
+        if t is None or not dataclasses.is_dataclass(t):
+            out[k] = v
+            continue
+        sub = (shorthand or {}).get(k) if not prefix else None
+        if v is None:
+            continue
+        if isinstance(v, str) and sub is not None:
+            v = {sub: v}
+        if not isinstance(v, dict):
+            alt = f" or a name ({k}.{sub})" if sub is not None else ""
+            raise LMForgeError(f"{where}: {prefix}{k}: expected a mapping of keys{alt}, got {v!r}")
+        out[k] = check_sections(v, t, where, None, f"{prefix}{k}.")
+    return out
+
+
+def recipe_dict(
+    recipe: str | Path | None, kind: str, overrides: list[str] | dict | None = None, extra: dict | None = None,
+    schema: type | None = None,
+) -> dict:  # fmt: skip
     """The raw config tree of a recipe (path or bundled name in recipes/<kind>/) with dotted overrides and
-    `extra` (e.g. a CLI flag's value) merged on top; validation is the caller's `build_*`."""
-    raw = read_yaml(resolve_recipe(str(recipe), kind=kind)) if recipe is not None else {}
+    `extra` (e.g. a CLI flag's value) merged on top; with `schema`, the file's sections are checked first
+    (`check_sections`); validation is the caller's `build_*`."""
+    raw: dict = {}
+    if recipe is not None:
+        path = resolve_recipe(str(recipe), kind=kind)
+        raw = read_yaml(path)
+        if schema is not None:
+            raw = check_sections(raw, schema, str(path))
     over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
     return merge_dicts(merge_dicts(raw, over), extra or {})
 

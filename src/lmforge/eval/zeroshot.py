@@ -231,8 +231,13 @@ def load_prompt_config(recipe: str | Path, overrides: list[str] | dict | None = 
     """A prompted-evaluation recipe (path or bundled name in recipes/eval/) + dotted overrides."""
     _methods_registered()
     path = resolve_recipe(str(recipe), kind="eval")
-    raw = recipe_dict(path, "eval", overrides)
-    section = dict(raw.pop("eval", None) or {})
+    raw = recipe_dict(path, "eval", overrides, schema=PromptEvalConfig)
+    section = raw.pop("eval", None)
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise LMForgeError(f"eval: expected a mapping, got {section!r}")
+    section = dict(section)
     cfg = build_dataclass(PromptEvalConfig, raw, "", all_keys(PromptEvalConfig))
     method = str(section.pop("method", EvalSection.method))
     options_cls = EVALS.get(method).Options

@@ -130,10 +130,12 @@ class FinetuneConfig:
     peft: PeftSection = field(default_factory=PeftSection)
 
 
-def build_task_section(raw: dict) -> TaskSection:
+def build_task_section(raw: dict | None) -> TaskSection:
     """`type` picks the task; every other key is validated against that task type's Options dataclass."""
     from lmforge.tasks import TASKS
 
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         raise LMForgeError(f"task: expected a mapping, got {raw!r}")
     raw = dict(raw)
@@ -146,7 +148,7 @@ def build_task_section(raw: dict) -> TaskSection:
 def build_finetune_config(raw: dict) -> FinetuneConfig:
     """A validated FinetuneConfig from a plain (recipe-shaped) dict."""
     raw = dict(raw)
-    task_raw = dict(raw.pop("task", None) or {})
+    task_raw = raw.pop("task", None)
     peft_raw = raw.pop("peft", None)
     cfg = build_dataclass(FinetuneConfig, raw, "", all_keys(FinetuneConfig))
     cfg.task = build_task_section(task_raw)
@@ -168,9 +170,9 @@ def load_finetune_config(
     warning line naming them; task keys given on the command line are still checked."""
     extra = {"model": {"init": init}} if init is not None else None
     over = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    raw = recipe_dict(recipe, "finetune", over, extra)
+    raw = recipe_dict(recipe, "finetune", over, extra, schema=FinetuneConfig)
     if recipe is not None and isinstance(over.get("task"), dict) and "type" in over["task"]:
-        base = recipe_dict(recipe, "finetune").get("task") or {}
+        base = recipe_dict(recipe, "finetune", schema=FinetuneConfig).get("task") or {}
         raw["task"] = _without_stale_task_keys(raw["task"], base, over["task"])
     cfg = build_finetune_config(raw)
     if recipe is not None and cfg.run.recipe is None:

@@ -12,6 +12,7 @@ from lmforge.checkpoints import model_checkpoint, read_config
 from lmforge.config import (
     all_keys,
     build_dataclass,
+    check_sections,
     get_key,
     has_key,
     merge_dicts,
@@ -119,13 +120,20 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 
+SECTION_NAMES = {"model": "preset", "objective": "name"}
+"""Sections a recipe may give as one name: `model: gpt-tiny` is `model: {preset: gpt-tiny}`."""
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
     """Recipe YAML (path or bundled name) + dotted overrides → validated Config.
 
     `model.preset` picks a registered architecture; other model.* keys override its fields. What the user asks
     for wins over the recipe, and a preset's limits over recipe values the user did not set (`fit_to_model`)."""
     user = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    base = read_yaml(resolve_recipe(str(recipe), "pretrain")) if recipe is not None else {}
+    base: dict = {}
+    if recipe is not None:
+        path = resolve_recipe(str(recipe), "pretrain")
+        base = check_sections(read_yaml(path), Config, str(path), SECTION_NAMES)
     base, user = with_init_model(base, user)
     cfg = build_config(merge_dicts(base, user))
     if recipe is not None and cfg.run.recipe is None:
@@ -221,7 +229,8 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
 
 def build_config(raw: dict) -> Config:
     raw = dict(raw)
-    model_raw = raw.get("model") or {}
+    model_raw = raw.get("model")
+    model_raw = {} if model_raw is None else model_raw
     if isinstance(model_raw, str):  # --model=gpt-tiny
         model_raw = {"preset": model_raw}
     elif not isinstance(model_raw, dict):
@@ -236,19 +245,22 @@ def build_config(raw: dict) -> Config:
         base = dataclasses.asdict(get_preset(str(preset)))
         model_raw = {**base, **model_raw}
     raw["model"] = model_raw
-    objective_raw = dict(raw.pop("objective", None) or {})
+    objective_raw = raw.pop("objective", None)
     cfg = build_dataclass(Config, raw, "", all_keys(Config) + ["model.preset"])
     cfg.objective = build_objective_config(objective_raw)
     cfg.model.validate()
     return cfg
 
 
-def build_objective_config(raw: dict) -> ObjectiveConfig:
+def build_objective_config(raw: dict | None) -> ObjectiveConfig:
     """`name` picks the objective; every other key is validated against that objective's Options dataclass."""
     from lmforge.objectives import OBJECTIVES
 
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         raise LMForgeError(f"objective: expected a mapping, got {raw!r}")
+    raw = dict(raw)
     name = str(raw.pop("name", ObjectiveConfig.name))
     options_cls = OBJECTIVES.get(name).Options
     keys = [f"objective.{k}" for k in all_keys(options_cls)] + ["objective.name"]
