@@ -107,3 +107,37 @@ def test_an_empty_recipe_section_sets_nothing(tmp_path):
     recipe.write_text("train:  # every key commented out\nmodel:\n  preset: gpt-tiny\n")
     cfg = load_config(recipe)  # was: train is a section, not a value (got None)
     assert cfg.train.max_steps == load_config(None, ["--model.preset=gpt-tiny"]).train.max_steps
+
+
+# --- 11: seeds ------------------------------------------------------------------------------------------------------
+
+
+SEED_LINE = f"run.seed must be in [0, {SEED_MAX}], got {BIG_SEED}"
+
+
+def test_a_seed_too_large_for_torch_is_refused_before_any_work(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    line = one_error_line(capsys, *pretrain_args(prepared, run, "--model.preset=gpt-tiny", f"--run.seed={BIG_SEED}"))
+    assert line == f"error: {SEED_LINE}"  # was: internal error: RuntimeError: Overflow when unpacking long
+    assert not run.exists()
+    assert load_config(None, [f"--run.seed={SEED_MAX}"]).run.seed == SEED_MAX  # the largest is taken
+
+
+@pytest.mark.parametrize(
+    "args, shown",
+    [
+        (["finetune", f"--run.seed={BIG_SEED}"], SEED_LINE),
+        (["align", "sft", f"--run.seed={BIG_SEED}"], SEED_LINE),
+        (["compress", "report", f"--seed={BIG_SEED}"], f"seed must be in [0, {SEED_MAX}], got {BIG_SEED}"),
+    ],
+)
+def test_every_run_kind_range_checks_its_seed(args, shown, capsys):
+    rc, out, err = cli(capsys, *args, "--print-config", "--quiet")
+    assert (rc, out, err) == (2, "", f"error: {shown}\n")
+
+
+def test_an_experiments_seeds_are_range_checked_before_any_arm_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(capsys, "experiment", "gpt1-pretraining-tiny", f"--seeds={BIG_SEED}", "--dry-run")
+    assert line.startswith("error: ") and line.endswith(SEED_LINE)
+    assert not (tmp_path / "runs").exists()

@@ -9,7 +9,7 @@ from typing import Literal
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict
 from lmforge.config.sections import LoopConfig, OptimConfig
-from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Seed
 
 
 @dataclass
@@ -83,7 +83,7 @@ class BenchSection:
 class CompressConfig:
     out: str = "runs/compress"
     """Where report.md and report.json go (and the teacher's fine-tuning run when it is trained here)."""
-    seed: NonNegInt = 0
+    seed: Seed = 0
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     distill: DistillSection = field(default_factory=DistillSection)
     prune: PruneSection = field(default_factory=PruneSection)

@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, UnitFraction
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Seed, UnitFraction
 
 
 @dataclass
 class RunConfig:
     dir: str = "runs/run"
     """Run directory: config.yaml, metrics.jsonl, checkpoints/, plots/."""
-    seed: NonNegInt = 0
+    seed: Seed = 0
     """Seeds weights, data order and every random choice of the run."""
     recipe: str | None = None
     """The recipe the run was made from (recorded; a resumed run continues with its own saved config)."""

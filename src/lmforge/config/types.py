@@ -36,6 +36,8 @@ class Range:
 
 
 def _num(x: float | None) -> str:
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 2**53):
+        return str(int(x))  # a bound such as 2**32 - 1 in full, not 4.29497e+09
     return f"{x:g}"
 
 
@@ -49,6 +51,11 @@ OpenFraction = Annotated[float, Range(0, 1, hi_open=True)]
 """In [0, 1)."""
 UnitFraction = Annotated[float, Range(0, 1, lo_open=True)]
 """In (0, 1]."""
+SEED_MAX = 2**32 - 1
+Seed = Annotated[int, Range(0, SEED_MAX)]
+"""A seed, in [0, 2**32 - 1]: what NumPy's legacy generator takes, with room for what a run derives from it (the
+step and 1_000_003 × the rank are added, a fine-tuning epoch's shuffle uses seed × 1000 + epoch) under torch's
+limit of 2**64 - 1 (a larger seed overflowed there)."""
 
 
 def check_ranges(obj: Any, prefix: str) -> None:

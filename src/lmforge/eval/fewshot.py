@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lmforge.config.types import Seed
 from lmforge.data.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
@@ -29,7 +30,7 @@ class PromptOptions:
     """The continuation that means each label, in label-set order (None: " " + the label name)."""
     k: int = 0
     """Solved training examples before each query (0 = zero-shot)."""
-    seed: int = 0
+    seed: Seed = 0
     separator: str = "\n\n"
     """Between demonstrations and the query."""
     normalize: Literal["sum", "mean"] = "sum"
@@ -53,7 +54,7 @@ class FewShotOptions:
     generator seeded with `seed` (never the query itself), before each query; k = 0 is zero-shot."""
 
     k: int = 0
-    seed: int = 0
+    seed: Seed = 0
     separator: str = "\n\n"
     """Between demonstrations and the query."""
 
@@ -137,7 +138,7 @@ class GenerateOptions:
     answer_prefix: str = " "
     """Put before a demonstration's answer."""
     k: int = 0
-    seed: int = 0
+    seed: Seed = 0
     separator: str = "\n\n"
     until: list[str] = field(default_factory=lambda: ["\n"])
     """Stop strings: the answer ends before the first."""
