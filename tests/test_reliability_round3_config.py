@@ -4,12 +4,23 @@ case asserts the exact line (exit 2, nothing else on stderr) and that nothing wa
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+import re
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_reliability_inputs import TINY, cli, one_error_line
 
+from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
+from lmforge.models import Transformer, get_preset
+from lmforge.registry import MODELS
 from lmforge.train.pretrain_config import load_config
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
@@ -141,3 +152,84 @@ def test_an_experiments_seeds_are_range_checked_before_any_arm_runs(tmp_path, ca
     line = one_error_line(capsys, "experiment", "gpt1-pretraining-tiny", f"--seeds={BIG_SEED}", "--dry-run")
     assert line.startswith("error: ") and line.endswith(SEED_LINE)
     assert not (tmp_path / "runs").exists()
+
+
+# --- 12: models too large for the machine -------------------------------------------------------------------------
+
+
+@functools.cache
+def true_params(name: str) -> int:
+    """A preset's parameters, counted on the meta device (built once per test process)."""
+    with torch.device("meta"):
+        return Transformer(get_preset(name)).num_params()
+
+
+def test_the_size_estimate_never_exceeds_a_presets_parameters():
+    """A lower bound, so the check refuses no model that fits; tight enough to mean something."""
+    from lmforge.models.size import estimate_params
+
+    for name in MODELS.names():
+        est, real = estimate_params(get_preset(name)).total, true_params(name)
+        assert 0.89 * real <= est <= real, name
+
+
+def test_no_preset_or_bundled_recipe_that_fits_24_gib_is_refused():
+    from lmforge.config import read_yaml
+    from lmforge.train.memory import check_model_fits
+
+    fits = []
+    for name in MODELS.names():
+        if true_params(name) * 16 <= 24 * GIB:  # fp32 weights, gradients, AdamW moments
+            check_model_fits(get_preset(name), "adamw", 24 * GIB, "24 GiB")
+            fits.append(name)
+    assert {"gpt2-1.5b", "llama-1b", "t5-large", "bart-large"} <= set(fits)
+    for recipe in sorted((RECIPES_DIR / "pretrain").glob("*.yaml")):
+        raw = read_yaml(recipe)
+        if (raw.get("data") or {}).get("tokenizer") is None:  # a published tokenizer would be looked up
+            cfg = load_config(recipe)
+            check_model_fits(cfg.model, cfg.train.optimizer, 24 * GIB, "24 GiB")
+
+
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("n_layers", 10**6, "model.n_layers=1000000: about 49.2 billion parameters (most in its blocks), whose "
+                            "training needs at least 732 GiB"),
+        ("vocab_size", 10**12, "model.vocab_size=1000000000000: about 64.0 trillion parameters (most in its "
+                               "embeddings), whose training needs at least 953,674 GiB"),
+        ("max_seq_len", 10**9, "model.max_seq_len=1000000000: about 64.0 billion parameters (most in its "
+                               "positions), whose training needs at least 954 GiB"),
+    ],
+)  # fmt: skip
+def test_a_model_too_large_for_the_memory_is_refused_naming_its_field(field, value, shown):
+    from lmforge.train.memory import check_model_fits
+
+    cfg = dataclasses.replace(get_preset("gpt-tiny"), **{field: value})
+    with pytest.raises(LMForgeError) as e:
+        check_model_fits(cfg, "adamw", 64 * GIB, "this machine's 64 GiB of RAM")
+    tail = " for fp32 weights, gradients and AdamW state (16 bytes a parameter), more than this machine's 64 GiB of RAM"
+    assert str(e.value) == shown + tail + "; make the model smaller"
+    wide = dataclasses.replace(get_preset("gpt-tiny"), d_model=10**6, n_heads=1)
+    with pytest.raises(LMForgeError, match=r"^model\.d_model=1000000, model\.n_heads=1: about 8\.0 trillion"):
+        check_model_fits(wide, "adamw", 64 * GIB, "64 GiB")
+    check_model_fits(get_preset("gpt2-1.5b"), "adamw", 24 * GIB, "24 GiB")  # 23.2 GiB: taken
+
+
+def _limit_memory() -> None:  # the run before the check built its layers until the machine ran out (3.5 GB in 41 s)
+    resource.setrlimit(resource.RLIMIT_AS, (6 * GIB, 6 * GIB))
+
+
+def test_pretraining_an_absurdly_large_model_is_refused_before_any_work(prepared, tmp_path):
+    run = tmp_path / "run"
+    args = pretrain_args(prepared, run, "--model.preset=gpt-tiny", "--model.n_layers=100000000", "--quiet")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    p = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], capture_output=True, text=True, timeout=300,
+                       env=env, preexec_fn=_limit_memory)  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert re.fullmatch(
+        r"error: model\.n_layers=100000000: about 4\.9 trillion parameters \(most in its blocks\), whose training "
+        r"needs at least 73,242 GiB for fp32 weights, gradients and AdamW state \(16 bytes a parameter\), more than "
+        r"this machine's [\d.,]+ GiB of RAM; make the model smaller\n",
+        p.stderr,
+    ), p.stderr
+    assert sorted(q.name for q in run.iterdir()) == [".lock"]  # no tokenizer, data, config or checkpoint

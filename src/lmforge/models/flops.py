@@ -56,7 +56,7 @@ class MatmulWeights:
         return self.encoder + self.decoder + self.cross_kv + self.head
 
 
-def _block_weights(cfg: ModelConfig) -> int:
+def block_weights(cfg: ModelConfig) -> int:
     """Self-attention (fused q, k, v and the output projection) + MLP weights of one block."""
     d, q_dim, kv_dim = cfg.d_model, cfg.n_heads * cfg.dim_head, cfg.kv_heads * cfg.dim_head
     attn = d * (q_dim + 2 * kv_dim) + q_dim * d
@@ -83,11 +83,11 @@ def matmul_weights(cfg: ModelConfig) -> MatmulWeights:
     head = lm_head_weights(cfg)
     if cfg.rtd_head:
         head += d * d + d
-    stack = proj + cfg.n_layers * _block_weights(cfg)
+    stack = proj + cfg.n_layers * block_weights(cfg)
     if not cfg.is_encoder_decoder:
         return MatmulWeights(encoder=stack, decoder=0, cross_kv=0, head=head)
     n_dec = cfg.decoder_layers
-    decoder = proj + n_dec * (_block_weights(cfg) + d * q_dim + q_dim * d)
+    decoder = proj + n_dec * (block_weights(cfg) + d * q_dim + q_dim * d)
     return MatmulWeights(encoder=stack, decoder=decoder, cross_kv=n_dec * 2 * d * kv_dim, head=head)
 
 

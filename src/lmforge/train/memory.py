@@ -1,5 +1,6 @@
 """Estimated GPU memory of training a model with AdamW under bf16 autocast, per GPU, for ddp and fsdp at 1-8 GPUs
-(`lmforge model info PRESET --batch B --seq T`).
+(`lmforge model info PRESET --batch B --seq T`); and the check that refuses, before any work, a model whose
+training state alone exceeds the machine's memory (`check_model_fits`).
 
 Model states (Rajbhandari et al. 2020, ZeRO §3): fp32 weights (4 bytes per parameter), fp32 gradients (4) and
 AdamW's two fp32 moments (8). ddp holds all of them on every GPU, plus its gradient buckets (4, with more than one
@@ -19,10 +20,13 @@ on top (count about 10%)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 
 GIB = 1024**3
@@ -117,3 +121,73 @@ def memory_table(cfg: ModelConfig, batch: int, seq: int) -> str:
     lines = ["  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     note = "buffers: ddp gradient buckets and autocast's bf16 weight copies; fsdp: unsharded bf16 blocks and root"
     return "\n".join([head, *lines, note])
+
+
+# --- refusing a model that cannot fit, before any work ----------------------------------------------------------
+
+STATE_BYTES = {"adamw": 16, "muon": 12}
+"""Bytes per parameter that training holds whatever the batch: fp32 weights (4) and gradients (4), and the
+optimizer's state: AdamW's two moments (8); Muon's momentum (4) on the blocks' matrices, whose AdamW rest makes
+this a lower bound."""
+
+
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon"}
+
+
+def host_memory() -> int:
+    """This machine's RAM in bytes, or the memory limit of this process's cgroup (a container's) when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # cgroup v2, v1
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def available_memory(device: torch.device, parallel: str = "ddp", world_size: int = 1, offload: bool = False):
+    """(bytes, what they are) that a run's training state may take on `device`: the GPU's memory (times the GPUs
+    under fsdp, which shards the state, unless fsdp keeps it in CPU memory), else the machine's RAM."""
+    if device.type == "cuda" and not (parallel == "fsdp" and offload):
+        total = torch.cuda.mem_get_info(device)[1]
+        if parallel == "fsdp" and world_size > 1:
+            return total * world_size, f"the {world_size} GPUs' {_gib(total * world_size)} (fsdp shards it)"
+        return total, f"the GPU's {_gib(total)}"
+    return host_memory(), f"this machine's {_gib(host_memory())} of RAM"
+
+
+def check_model_fits(cfg: ModelConfig, optimizer: str, available: int, where: str) -> None:
+    """Refuse, in one line naming the fields that make it so large, a model whose training state (weights, gradients,
+    optimizer state: `STATE_BYTES` a parameter, from the config's lower-bound parameter count) exceeds `available`
+    bytes (`where`: what they are, as `available_memory` says). Activations come on top, so a model refused here
+    could never train there."""
+    from lmforge.models.size import estimate_params
+    from lmforge.registry import MODELS
+
+    size = estimate_params(cfg)
+    need = size.total * STATE_BYTES.get(optimizer, 16)
+    if need <= available:
+        return
+    part, fields = size.largest()
+    base = MODELS.get(cfg.name) if cfg.name in MODELS else None
+    changed = [f for f in fields if base is not None and getattr(base, f) != getattr(cfg, f)]
+    named = ", ".join(f"model.{f}={getattr(cfg, f)}" for f in changed) or f"model {cfg.name}"
+    per = STATE_BYTES.get(optimizer, 16)
+    raise LMForgeError(
+        f"{named}: about {_count(size.total)} parameters (most in its {part}), whose training needs at least "
+        f"{_gib(need)} for fp32 weights, gradients and {OPTIMIZER_NAMES.get(optimizer, optimizer)} state ({per} "
+        f"bytes a parameter), more than {where}; make the model smaller"
+    )
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:,.0f} GiB" if n >= 10 * GIB else f"{n / GIB:.1f} GiB"
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("trillion", 1e12), ("billion", 1e9), ("million", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,}"

@@ -22,6 +22,7 @@ from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, rank_seed, sums_across
 from lmforge.train.loop_spec import LoopSpec, Saved
+from lmforge.train.memory import available_memory, check_model_fits
 from lmforge.train.metrics import peak_flops
 from lmforge.train.prefetch import Batch
 from lmforge.train.pretrain_config import Config, to_dict
@@ -92,6 +93,9 @@ class Pretraining:
         self.resume_from = self.session.find_resume(to_dict(cfg), resume)
         check_inputs(cfg)
         check_schedule(cfg)  # also for configs not made by load_config (resumed, built in Python)
+        t = cfg.train  # a model too large to train here is refused before the tokenizer, data or model are made
+        room = available_memory(self.device, t.parallel, d.world_size, t.cpu_offload)
+        check_model_fits(cfg.model, t.optimizer, *room)
         if d.is_main and (note := warmup_note(cfg)):
             status(note)
         self.tokenizer = load_or_train_tokenizer(cfg, self.run_dir, d)
@@ -111,7 +115,6 @@ class Pretraining:
             ckpt.load_weights(self.init_from, self.raw_model)
             if d.is_main:
                 status(f"initialised from {self.init_from}")
-        t = cfg.train
         loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
         # Stage lengths follow the loop's planned steps (set once the loop exists; a time budget replans them).
         lengths = DrawLengths(t.seq_len_schedule, t.grad_accum, lambda: t.max_steps) if t.seq_len_schedule else None
