@@ -1,7 +1,8 @@
 """File helpers shared by checkpoints, prepared data, model conversion and downloads: the cache root, weights-only
-`torch.load` with one-line errors, `json.loads` for user files (too deep a document is malformed JSON), the durability primitives of atomic writes (content hashes, directory fsync, OS
-error reasons, the one line for a failed write, whether a scratch dir's writer is alive), and the writers of a run
-dir's files, which never follow a symbolic link."""
+`torch.load` with one-line errors, `json.loads` for user files (too deep a document is malformed JSON), the
+durability primitives of atomic writes (content hashes, directory fsync, OS error reasons, the one line for a failed
+write, whether a scratch dir's writer is alive), and the writers of a run dir's files, which never follow a symbolic
+link."""
 
 from __future__ import annotations
 
