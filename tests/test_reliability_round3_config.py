@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_generate import CharTokenizer, decoder
 from test_reliability_inputs import TINY, cli, one_error_line
 
 from lmforge.config import RECIPES_DIR
@@ -233,3 +234,50 @@ def test_pretraining_an_absurdly_large_model_is_refused_before_any_work(prepared
         p.stderr,
     ), p.stderr
     assert sorted(q.name for q in run.iterdir()) == [".lock"]  # no tokenizer, data, config or checkpoint
+
+
+# --- 17: generation options -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, value, shown",
+    [
+        ("--temperature", "-1", "--temperature must be >= 0, got -1.0"),
+        ("--temperature", "nan", "--temperature must be a finite number, got nan"),
+        ("--temperature", "inf", "--temperature must be a finite number, got inf"),
+        ("--top-p", "0", "--top-p must be in (0, 1], got 0.0"),
+        ("--top-p", "1.5", "--top-p must be in (0, 1], got 1.5"),
+        ("--top-k", "-1", "--top-k must be >= 0, got -1"),
+        ("--num-beams", "0", "--num-beams must be >= 1, got 0"),
+        ("--max-new-tokens", "-5", "--max-new-tokens must be >= 0, got -5"),
+        ("--length-penalty", "nan", "--length-penalty must be a finite number, got nan"),
+        ("--seed", "-1", f"--seed must be in [0, {SEED_MAX}], got -1"),
+        ("--seed", BIG_SEED, f"--seed must be in [0, {SEED_MAX}], got {BIG_SEED}"),
+    ],
+)
+def test_generate_refuses_an_option_out_of_range_before_loading_the_model(option, value, shown, monkeypatch, capsys):
+    loads = []
+    monkeypatch.setattr("lmforge.loading.load", lambda *a, **k: loads.append(a) or (decoder(), CharTokenizer()))
+    line = one_error_line(capsys, "generate", "ckpt", "--prompt", "abc", "--max-new-tokens", "3", option, value)
+    assert line == f"error: {shown}"
+    assert loads == []
+
+
+@pytest.mark.parametrize(
+    "args, shown",
+    [
+        (["best-of-n", "P", "R", "--prompt", "hi", "--n", "0"], "--n must be >= 1, got 0"),
+        (["best-of-n", "P", "R", "--prompt", "hi", "--temperature", "nan"], "--temperature must be a finite number, "
+                                                                            "got nan"),
+        (["compare", "--reference", "P", "--reward", "R", "--max-prompts", "0"], "--max-prompts must be >= 1, got 0"),
+        (["compare", "--reference", "P", "--reward", "R", "--best-of-n", "4", "--best-of-n", "0"],
+         "--best-of-n must be >= 1, got 0"),
+        (["compare", "--reference", "P", "--reward", "R", "--seed", BIG_SEED],
+         f"--seed must be in [0, {SEED_MAX}], got {BIG_SEED}"),
+    ],
+)  # fmt: skip
+def test_align_sampling_commands_refuse_an_option_out_of_range_before_loading(args, shown, tmp_path, capsys):
+    (tmp_path / "P").mkdir()
+    (tmp_path / "R").mkdir()
+    args = [str(tmp_path / a) if a in ("P", "R") else a for a in args]
+    assert one_error_line(capsys, "align", *args) == f"error: {shown}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmforge.cli.args import add_recipe_args, recipe_help, recipe_of, training_overrides
+from lmforge.cli.args import add_recipe_args, check_numbers, recipe_help, recipe_of, training_overrides
 from lmforge.errors import LMForgeError
 
 _METHODS = [("sft", "instruction tuning"), ("reward", "pairwise reward model"), ("dpo", "DPO"),
@@ -66,7 +66,20 @@ def overrides(args: argparse.Namespace, argv: list[str], extra: list[str]) -> li
     return training_overrides("align", argv, extra) if hasattr(args, "kind") else None
 
 
+def option_ranges(sub: str) -> dict:
+    """What each numeric option of `align best-of-n` and `align compare` takes."""
+    from lmforge.config.types import SEED_MAX, Range
+
+    if sub == "best-of-n":
+        return {"n": Range(1), "max_new_tokens": Range(0), "temperature": Range(0)}
+    if sub == "compare":
+        return {"best_of_n": Range(1), "max_prompts": Range(1), "max_new_tokens": Range(1), "samples": Range(0),
+                "seed": Range(0, SEED_MAX)}  # fmt: skip
+    return {}
+
+
 def run(args: argparse.Namespace) -> None:
+    check_numbers(args, option_ranges(args.sub))  # before anything loads
     if args.sub == "best-of-n":
         cmd_best_of_n(args.policy, args.reward_model, args.prompt, args.n, args.max_new_tokens, args.temperature)
     elif args.sub == "data":

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lmforge.errors import LMForgeError
+
+if TYPE_CHECKING:  # the config package imports torch, which a command line is read without
+    from lmforge.config.types import Range
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -127,6 +132,22 @@ def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
+
+
+def check_numbers(args: argparse.Namespace, ranges: dict[str, Range]) -> None:
+    """Refuse a numeric option (argparse dest → allowed range) that is out of its range or not finite (argparse's
+    float takes "nan" and "inf") in one line naming the flag, before the command loads anything:
+    `--temperature must be >= 0, got -1.0`. Options not given (None) are skipped; a repeatable one is checked
+    value by value."""
+    for dest, allowed in ranges.items():
+        given = getattr(args, dest, None)
+        flag = "--" + dest.replace("_", "-")
+        for value in given if isinstance(given, list) else [given]:
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise LMForgeError(f"{flag} must be a finite number, got {value}")
+            allowed.check(flag, value)
 
 
 def devices_of(args: argparse.Namespace) -> list[str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lmforge.cli.args import check_numbers
 from lmforge.errors import LMForgeError
 
 
@@ -29,7 +30,16 @@ def add_parser(sub, name: str) -> None:
     g.set_defaults(fn=run)
 
 
+def option_ranges() -> dict:
+    """What each numeric option takes, as `generate()` reads it (temperature 0: greedy; top_k 0: no cut)."""
+    from lmforge.config.types import SEED_MAX, Range
+
+    return {"max_new_tokens": Range(0), "temperature": Range(0), "top_k": Range(0), "top_p": Range(0, 1, lo_open=True),
+            "num_beams": Range(1), "length_penalty": Range(), "seed": Range(0, SEED_MAX)}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> None:
+    check_numbers(args, option_ranges())  # before the model loads
     import torch
 
     from lmforge.loading import load
