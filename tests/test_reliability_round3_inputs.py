@@ -318,7 +318,7 @@ def damage_index(path: Path, how: str) -> str:
     starts = np.load(path)
     if how == "not_npy":
         path.write_bytes(b"garbage, not an index")
-        return "not a document index (cannot read it as a .npy array: "
+        return "not a document index (cannot read it as a .npy array: it is not in .npy format)"
     if how == "float":
         save(path, starts.astype(np.float32))
         return "not a document index (dtype float32, expected integers)"

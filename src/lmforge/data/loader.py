@@ -102,8 +102,9 @@ def read_doc_index(data_dir: Path, split: str, n_tokens: int, meta: dict) -> np.
         raise LMForgeError(f"{data_dir} has no document index {path.name} (prepare the data again)")
     try:
         starts = np.load(path, allow_pickle=False)
-    except (OSError, EOFError, ValueError) as e:
-        problem = f"not a document index (cannot read it as a .npy array: {str(e).splitlines()[0]})"
+    except (OSError, EOFError, ValueError) as e:  # numpy reads a file that is not .npy as a pickle, refused here
+        why = "it is not in .npy format" if "pickle" in str(e) else str(e).splitlines()[0]
+        problem = f"not a document index (cannot read it as a .npy array: {why})"
     else:
         problem = _index_problem(starts, n_tokens, meta.get(split, {}).get("n_docs"))
     if problem:
