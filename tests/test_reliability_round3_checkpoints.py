@@ -207,3 +207,15 @@ def test_generate_and_eval_on_finite_but_unusable_weights_are_one_line(prepared,
         f"error: the model's loss on {text} is nan: its weights give non-finite values, as those of a run that "
         "diverged do; use an earlier checkpoint"
     )
+
+
+def test_a_manifest_nested_too_deeply_makes_the_checkpoint_unusable_not_an_internal_error(prepared, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(pretrain(prepared, run, "--train.max_steps=2", "--train.save_every=1", "--quiet")) == 0
+    capsys.readouterr()
+    step = run / "checkpoints" / "step_2"
+    (step / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert ck.verify_checkpoint(step) == "manifest.json is unreadable"
+    assert one_error_line(capsys, "generate", str(step), "--prompt", "It is") == (
+        f"error: checkpoint {step} is not usable: manifest.json is unreadable"
+    )

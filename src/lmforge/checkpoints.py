@@ -4,7 +4,6 @@ fall back to a checkpoint's own config when RUN/config.yaml is lost."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from torch import nn
 
 from lmforge.dcp_read import SHARDS_METADATA, read_full_weights
 from lmforge.errors import LMForgeError
-from lmforge.files import hash_file, os_reason
+from lmforge.files import hash_file, loads_json, os_reason
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS_FILE = "model.safetensors"
@@ -56,7 +55,7 @@ def verify_checkpoint(ckpt: Path) -> str | None:
     if not ckpt.is_dir():
         return "not a directory"
     try:
-        manifest = json.loads((ckpt / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest = loads_json((ckpt / MANIFEST_FILE).read_text(encoding="utf-8"))
         files = {rel: (int(e["size"]), str(e["sha256"])) for rel, e in manifest["files"].items()}
     except FileNotFoundError:
         return f"no {MANIFEST_FILE} (the save did not finish)"
@@ -153,7 +152,7 @@ def newest_config(run_dir: Path) -> tuple[Path, dict] | None:
     manifest), or None. Only that file is hashed: the weights are verified when the run resumes from it."""
     for ckpt in reversed(list_checkpoints(run_dir)):
         try:
-            manifest = json.loads((ckpt / MANIFEST_FILE).read_text(encoding="utf-8"))
+            manifest = loads_json((ckpt / MANIFEST_FILE).read_text(encoding="utf-8"))
             entry = manifest["files"][CONFIG_FILE]
             if hash_file(ckpt / CONFIG_FILE) != (int(entry["size"]), str(entry["sha256"])):
                 continue
@@ -233,7 +232,7 @@ def read_weights(ckpt: Path, device: str | torch.device = "cpu") -> dict[str, to
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-        aliases = json.loads(meta.get(TIED_META, "{}"))
+        aliases = loads_json(meta.get(TIED_META, "{}"))
         for alias, source in aliases.items():
             tensors[alias] = tensors[source]
     except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, AttributeError) as e:
