@@ -186,6 +186,8 @@ FIELD_CHANGES = [
     ("mtp_head", "gpt-mtp-tiny", "linear"),
     ("dropout", "gpt-tiny", 0.5),
     ("attn_dropout", "gpt-tiny", 0.5),
+    ("dropout_ffn_hidden", "t5-tiny", False),
+    ("dropout_final_norm", "t5-tiny", False),
     ("init_std", "gpt-tiny", 0.05),
     ("init_scheme", "gpt-tiny", "normal"),
     ("zero_pad_embedding", "bert-tiny", False),
@@ -239,7 +241,7 @@ def test_every_field_changes_the_model(field, preset, value):
     if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a) or base.num_params() != changed.num_params():
         return
     changed.load_state_dict(a)
-    train = field in ("dropout", "attn_dropout")
+    train = "dropout" in field
     x, y = _outputs(base, train), _outputs(changed, train)
     assert len(x) != len(y) or any((p - q).abs().max() > 1e-5 for p, q in zip(x, y))
 

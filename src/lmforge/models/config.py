@@ -142,7 +142,13 @@ class ModelConfig:
     decoder_start_id: NonNegInt = 0
     """First decoder input of an encoder-decoder (T5: pad, BART: </s>)."""
     dropout: OpenFraction = 0.0
+    """Dropout on the embeddings and on each sublayer's output before its residual add (and the sites below)."""
     attn_dropout: OpenFraction = 0.0
+    """Dropout on the attention probabilities (SDPA's dropout_p)."""
+    dropout_ffn_hidden: bool = False
+    """Also apply `dropout` to the MLP's hidden activation, before the down projection (T5's DenseReluDense)."""
+    dropout_final_norm: bool = False
+    """Also apply `dropout` to each stack's output, after its final norm (T5Stack)."""
     init_scheme: InitScheme = "gpt2"
     """How parameters start (models/init.py), as the family's reference starts them:
     gpt2 = N(0, init_std) for every matrix and embedding, the residual output projections (attention out, MLP down)

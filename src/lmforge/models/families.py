@@ -196,6 +196,9 @@ BART = dict(
 # no 1/sqrt(d) attention scale (folded into the init), tied output matrix with a d_model**-0.5 rescale.
 # Init: Mesh TF's, as HF T5PreTrainedModel does it (ModelConfig.init_scheme 't5'): the embedding N(0, 1), dense layers
 # fan-in scaled; init_std is the initializer factor, 1.0.
+# Dropout (Mesh TF's transformer layers; HF's T5 modules, one dropout_rate): after the embedding, on the attention
+# probabilities, on the feed-forward hidden activation, on each sublayer's output before the residual add, and
+# after each stack's final norm.
 T5 = dict(
     init_scheme="t5",
     init_std=1.0,
@@ -213,7 +216,14 @@ T5 = dict(
     pad_id=0,
     decoder_start_id=0,
     dropout=0.1,
+    attn_dropout=0.1,
+    dropout_ffn_hidden=True,
+    dropout_final_norm=True,
 )
 
-# T5 v1.1: gated-GELU FFN, untied output matrix (so no rescale), no dropout in pre-training.
-T5_V1_1 = {**T5, "activation": "geglu", "tie_embeddings": False, "scale_tied_logits": False, "dropout": 0.0}
+# T5 v1.1: gated-GELU FFN, untied output matrix (so no rescale), no dropout in pre-training (the release notes; the
+# sites stay T5's, for a fine-tune that sets a rate).
+T5_V1_1 = {
+    **T5, "activation": "geglu", "tie_embeddings": False, "scale_tied_logits": False, "dropout": 0.0,
+    "attn_dropout": 0.0,
+}  # fmt: skip

@@ -62,10 +62,13 @@ class MLP(nn.Module):
             self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        # T5 drops the hidden activation too (T5DenseActDense / T5DenseGatedActDense); a module only where a family
+        # asks for it, so that setting every dropout rate of a backbone (fine-tuning) leaves other MLPs without.
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout_ffn_hidden else None
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(self.gate(x)) * self.up(x) if self.gated else self.act(self.up(x))
-        return self.down(h)
+        h = self.act(self.gate(x)) * self.up(x) if self.gated else self.act(self.up(x))  # (B, T, d_ff)
+        return self.down(h if self.dropout is None else self.dropout(h))
 
 
 class KVCache:

@@ -186,9 +186,8 @@ def xl_forward(
             new_mems.append(update_memory(mem, h, mem_len))
         block = stack.blocks[0 if cfg.share_layers else i]
         h, g = xl_block(block, i, h, g, mem, r, rel_h, rel_g, cache)
-    if cfg.final_norm:
-        h = stack.final_norm(h)
-        g = stack.final_norm(g) if g is not None else None
+    h = stack.output(h)
+    g = stack.output(g) if g is not None else None
     if hidden is not None:
         hidden.append(h)
     return XLOutput(h, g, new_mems, hidden)

@@ -80,6 +80,8 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(1 if cfg.share_layers else n_layers))
         if cfg.final_norm:
             self.final_norm = make_norm(cfg)
+        # T5Stack drops its output after the final norm; a module only where a family asks for it (see MLP).
+        self.final_dropout = nn.Dropout(cfg.dropout) if cfg.dropout_final_norm else None
 
     @property
     def pos(self) -> Positions:
@@ -101,6 +103,11 @@ class Stack(nn.Module):
             x = self.emb_norm(x)
         x = self.dropout(x)
         return self.emb_proj(x) if hasattr(self, "emb_proj") else x
+
+    def output(self, h: Tensor) -> Tensor:
+        """The stack's output from the last block's: the final norm and its dropout, each where configured."""
+        h = self.final_norm(h) if self.cfg.final_norm else h
+        return h if self.final_dropout is None else self.final_dropout(h)
 
     def _self_inputs(
         self,
@@ -180,7 +187,7 @@ class Stack(nn.Module):
                 hidden_states.append(h)
             block = self.blocks[0 if self.cfg.share_layers else i]
             h = block(h, inp, i, memory, mem_inp)
-        h = self.final_norm(h) if self.cfg.final_norm else h
+        h = self.output(h)
         if hidden_states is not None:
             hidden_states.append(h)
         return h

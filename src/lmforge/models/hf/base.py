@@ -182,8 +182,8 @@ def canonical(cfg: ModelConfig) -> dict:
     Two configs with equal canonical forms build models with the same tensors and the same outputs.
     Training-only fields (dropout, init), token ids and the name are left out."""
     d = dataclasses.asdict(cfg)
-    for k in ("name", "dropout", "attn_dropout", "init_std", "init_scheme", "zero_pad_embedding", "zero_init_proj",
-              "pad_id", "decoder_start_id"):  # fmt: skip
+    for k in ("name", "dropout", "attn_dropout", "dropout_ffn_hidden", "dropout_final_norm", "init_std", "init_scheme",
+              "zero_pad_embedding", "zero_init_proj", "pad_id", "decoder_start_id"):  # fmt: skip
         d.pop(k)
     d["n_kv_heads"], d["head_dim"] = cfg.kv_heads, cfg.dim_head
     d["attn_bias"] = cfg.qkv_bias

@@ -198,6 +198,7 @@ class T5Converter(Converter):
             tie_embeddings=tied,
             scale_tied_logits=bool(scale),
             dropout=hf.get("dropout_rate", 0.1),
+            attn_dropout=hf.get("dropout_rate", 0.1),  # one rate at every site (T5Attention's too)
             init_std=hf.get("initializer_factor", 1.0),  # the t5 init scheme's factor (models/init.py)
             pad_id=hf.get("pad_token_id", 0),
             decoder_start_id=hf.get("decoder_start_token_id", 0),
