@@ -36,11 +36,29 @@ def hf_config(model_cfg, state_dict, tokenizer=None):
 
     conv = converter_of(model_cfg, state_dict)
     d = dict(conv.config_to_hf(model_cfg))
+    check_dropout_sites(model_cfg, d["model_type"])
     for role in ("bos", "eos"):
         if tokenizer is not None and getattr(tokenizer, f"{role}_id", None) is not None:
             d[f"{role}_token_id"] = getattr(tokenizer, f"{role}_id")
     config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
     return config, conv.auto_class(model_cfg)
+
+
+def check_dropout_sites(model_cfg, model_type: str) -> None:
+    """Refuse a config whose dropout the twin's config cannot express: T5 drops at every site (embedding, attention
+    probabilities, FFN hidden activation, sublayer outputs, final norm output) with its one dropout_rate; the other
+    twins drop neither the FFN hidden activation nor the final norm's output."""
+    m = model_cfg
+    if m.dropout == 0 and m.attn_dropout == 0:
+        return
+    if model_type == "t5":
+        if m.attn_dropout != m.dropout or not (m.dropout_ffn_hidden and m.dropout_final_norm):
+            raise LMForgeError("the t5 twin drops at every site with one rate (dropout_rate): it needs "
+                               "model.attn_dropout = model.dropout and model.dropout_ffn_hidden, "
+                               "model.dropout_final_norm true")  # fmt: skip
+    elif m.dropout > 0 and (m.dropout_ffn_hidden or m.dropout_final_norm):
+        raise LMForgeError(f"the {model_type} twin drops neither the FFN hidden activation nor the final norm's "
+                           "output: model.dropout_ffn_hidden and model.dropout_final_norm must be false")  # fmt: skip
 
 
 def hf_from_config(model_cfg, state_dict, tokenizer=None) -> nn.Module:

@@ -56,3 +56,23 @@ def test_every_family_trains_on_both_sides(family, corpus, out):
         assert r["batch_hash"] == lm["batch_hash"] and r["val_hash"] == lm["val_hash"], impl
         assert r["n_weights"] == lm["n_weights"], impl
     assert runs[refs[0]]["model_class"] != lm["model_class"]  # the reference is not lmforge's model
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "message"),
+    [
+        ("t5-tiny", {"attn_dropout": 0.0}, "the t5 twin drops at every site with one rate (dropout_rate)"),
+        ("t5-tiny", {"dropout_final_norm": False}, "the t5 twin drops at every site with one rate (dropout_rate)"),
+        ("gpt-tiny", {"dropout": 0.1, "dropout_ffn_hidden": True}, "the gpt2 twin drops neither the FFN hidden"),
+    ],
+)
+def test_a_twin_refuses_dropout_its_config_cannot_express(preset, overrides, message):
+    from parity_refs import hf_config
+
+    from lmforge.errors import LMForgeError
+    from lmforge.models import Transformer, get_preset
+
+    with pytest.raises(LMForgeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        hf_config(get_preset(preset, **overrides), Transformer(get_preset(preset)).state_dict())
+    config, _ = hf_config(get_preset(preset), Transformer(get_preset(preset)).state_dict())  # the preset itself
+    assert config.model_type == ("t5" if preset.startswith("t5") else "gpt2")
