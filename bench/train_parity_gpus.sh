@@ -4,9 +4,11 @@
 # `--prepare-only` with the same inputs and settings (docs/train-parity.md):
 #   INPUTS="a.jsonl.xz b.jsonl.xz" NANOGPT=.peers/nanoGPT bash bench/train_parity_gpus.sh
 # PYTHON names the interpreter (default python3); ARGS adds train_parity.py options to every run (e.g. ARGS="--compile"; ARGS="--size tiny" for a CPU check).
+# FAMILIES="t5 bart" runs those families alone; JOBS=N starts at most N runs at a time (default: all at once).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 O=${OUT_DIR:-runs/parity}; LIMIT=${LIMIT:-1800}; SEEDS=${SEEDS:-"0 1"}; STEPS=${STEPS:-2000}
+FAMS=" ${FAMILIES:-gpt2 llama bert roberta electra t5 t5-v1_1 bart} "; JOBS=${JOBS:-0}
 DATA=(); [ -n "${INPUTS:-}" ] && DATA=(--data-inputs $INPUTS)
 PY=${PYTHON:-python3}
 NG=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))') || {
@@ -22,6 +24,8 @@ runs() {  # relative cost, family, impl, seed
 }
 mkdir -p "$O"
 while read -r cost f i s; do
+  [[ $FAMS == *" $f "* ]] || continue
+  while ((JOBS > 0)) && (($(jobs -rp | wc -l) >= JOBS)); do wait -n; done
   g=0; for ((k = 1; k < NG; k++)); do ((load[k] < load[g])) && g=$k; done
   load[g]=$((load[g] + cost))
   extra=(); [ "$i" = nanogpt ] && extra=(--nanogpt "$NANOGPT")
