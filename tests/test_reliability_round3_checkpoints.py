@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from test_reliability_inputs import TINY, cli, last_error_line, one_error_line, pretrain
 
 from lmforge.cli import main
+from lmforge.errors import LMForgeError
 from lmforge.train import checkpoint as ck
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
@@ -219,3 +220,39 @@ def test_a_manifest_nested_too_deeply_makes_the_checkpoint_unusable_not_an_inter
     assert one_error_line(capsys, "generate", str(step), "--prompt", "It is") == (
         f"error: checkpoint {step} is not usable: manifest.json is unreadable"
     )
+
+
+# --- left by the round's fixes at other entry points ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [-1.0, float("nan"), float("inf")])
+def test_the_python_generate_refuses_a_temperature_out_of_range(temperature):
+    from lmforge.models import Transformer
+    from lmforge.models.generate import generate
+    from lmforge.models.presets import get_preset
+
+    model = Transformer(get_preset("gpt-tiny"))
+    with pytest.raises(LMForgeError, match=rf"^temperature must be a finite number >= 0, got {temperature}$"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), max_new_tokens=2, temperature=temperature)
+
+
+def test_eval_text_refuses_a_stride_below_one_before_loading(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("Some text.\n")
+    # the run does not exist: the stride is refused before anything is read
+    assert one_error_line(capsys, "eval", str(tmp_path / "none"), "--text", str(text), "--stride", "0") == (
+        "error: --stride must be >= 1, got 0"
+    )
+
+
+def test_yaml_nested_too_deeply_is_one_line(prepared, tmp_path, capsys):
+    recipe = tmp_path / "deep.yaml"
+    recipe.write_text("train: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    assert one_error_line(capsys, "pretrain", str(recipe)) == f"error: {recipe}: invalid YAML (nested too deeply)"
+    run = tmp_path / "run"
+    assert main(pretrain(prepared, run, "--train.max_steps=1", "--quiet")) == 0
+    capsys.readouterr()
+    step = run / "checkpoints" / "step_1"
+    (step / "config.yaml").write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(LMForgeError, match=r"could not read .*config\.yaml: nested too deeply"):
+        ck.read_config(step)

@@ -139,6 +139,8 @@ def read_config(ckpt: Path) -> dict:
         raise LMForgeError(f"no {CONFIG_FILE} in {ckpt}") from e
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise LMForgeError(f"could not read {path}: {str(e).splitlines()[0]}") from e
+    except RecursionError:
+        raise LMForgeError(f"could not read {path}: nested too deeply") from None
     if not isinstance(config, dict):
         raise LMForgeError(f"{path} does not hold a mapping")
     for section in ("model", "backbone"):  # fine-tuned runs keep their pretrained model under backbone

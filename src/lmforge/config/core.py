@@ -221,6 +221,8 @@ def read_yaml(path: Path) -> dict:
         raise LMForgeError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise LMForgeError(f"cannot read {path}: {e}") from None
+    except RecursionError:  # [[[...]]] nested deeper than the parser's recursion limit
+        raise LMForgeError(f"{path}: invalid YAML (nested too deeply)") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

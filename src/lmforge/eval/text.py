@@ -82,6 +82,8 @@ def cmd_text(
         raise LMForgeError(f"--text scores the text alone; it takes no {extra[0]}")
     if batch_size < 1:
         raise LMForgeError(f"--batch-size must be >= 1, got {batch_size}")
+    if stride is not None and stride < 1:  # its upper bound, the context, is known once the model is loaded
+        raise LMForgeError(f"--stride must be >= 1, got {stride}")
     file = Path(text)
     if not file.exists():
         raise LMForgeError(f"text file not found: {text}")

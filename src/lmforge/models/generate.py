@@ -227,7 +227,11 @@ def sample(
     return out
 
 
-def _check_args(max_new_tokens: int, top_k: int | None, top_p: float | None, num_beams: int) -> None:
+def _check_args(
+    max_new_tokens: int, top_k: int | None, top_p: float | None, num_beams: int, temperature: float
+) -> None:
+    if not temperature >= 0 or temperature == float("inf"):  # NaN fails every comparison
+        raise LMForgeError(f"temperature must be a finite number >= 0, got {temperature}")
     if max_new_tokens < 0:
         raise LMForgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if top_k is not None and top_k < 0:
@@ -268,7 +272,7 @@ def generate(
     compile: decode over a static KV cache with a `torch.compile`d step (CUDA graphs on GPU; models/static_decode.py),
     same outputs; models it does not support (Transformer-XL/XLNet, sparse attention, prompt-tuned decoders) say so
     and decode eagerly."""
-    _check_args(max_new_tokens, top_k, top_p, num_beams)
+    _check_args(max_new_tokens, top_k, top_p, num_beams, temperature)
     steps = decoding_steps(model, input_ids, attention_mask)
     if compile and can_compile(model):
         steps = StaticSteps(steps, max_new_tokens, compile_mode(steps.device))
