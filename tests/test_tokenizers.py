@@ -262,3 +262,35 @@ def test_save_into_a_file_path_fails(tmp_path: Path) -> None:
     with pytest.raises(LMForgeError) as err:
         trained("bpe", "gpt", 400).save(tmp_path / "f")
     assert str(err.value) == f"cannot save tokenizer: {tmp_path / 'f'} is a file, expected a directory"
+
+
+def test_wordpiece_ids_follow_the_text_so_the_same_vocabulary_gets_the_same_ids(tmp_path: Path) -> None:
+    """The trainer numbers its alphabet, and breaks ties, in a per-process hash order: the same tokens came under
+    other ids in every process (another model init). Numbered by text, equal vocabularies have equal ids (which
+    tokens are kept at the size limit can still differ between processes on ties; it did not on the recipes'
+    test corpus)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "text.txt").write_text("\n".join(CORPUS_LINES), encoding="utf-8")
+    code = (
+        "import sys; from lmforge.tokenizers import train_tokenizer; "
+        "lines = open(sys.argv[1], encoding='utf-8').read().split(chr(10)); "
+        "t = train_tokenizer(lines, 'wordpiece', sys.argv[3] and int(sys.argv[3]), 'bert', show_progress=False); "
+        "t.save(sys.argv[2])"
+    )
+    vocabs = []
+    for size in (300, 300, 300, 120, 120, 120):
+        out = tmp_path / f"tok{len(vocabs)}"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "text.txt"), str(out), str(size)], check=True,
+                       env=env)  # fmt: skip
+        vocabs.append(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"])
+    for vocab in vocabs:
+        order = sorted(vocab, key=vocab.get)
+        assert order[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        assert order[5:] == sorted(order[5:], key=lambda t: (t.startswith("##"), t))
+    same = [(a, b) for a in vocabs for b in vocabs if a is not b and set(a) == set(b)]
+    assert same  # the small vocabularies stop before any tie
+    assert all(a == b for a, b in same)
