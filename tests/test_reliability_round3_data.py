@@ -296,3 +296,17 @@ def test_a_run_dir_without_write_permission_is_one_line_before_any_work(finished
     ])  # fmt: skip
     assert _listing(tmp_path) == {**before, "locked": _listing(tmp_path)["locked"]}
     assert list(parent.iterdir()) == []
+
+
+def test_finetune_resume_of_a_run_that_never_started_is_refused_without_a_recipe(tmp_path, capsys):
+    run = tmp_path / "ft"
+    run.mkdir()
+    rc = main(["finetune", f"--run.dir={run}", "--resume", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.strip().splitlines() == [
+        f"error: cannot resume {run}: the run never started (it has no config.yaml and no checkpoint), so there is "
+        f"nothing to resume: run the command that started it again, naming its recipe (lmforge finetune RECIPE "
+        f"--run.dir={run} ...)"
+    ]
+    assert sorted(p.name for p in run.iterdir()) == []
