@@ -3,6 +3,7 @@ working dir of the GPU experiment files, and the torch globals that CLI runs in 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,18 @@ def prepared_docs(tmp_path_factory) -> Callable[[int], tuple[Path, Path]]:
         return built[n_docs]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def parity_corpus(tmp_path_factory) -> Path:
+    """A few dozen short documents of the bundled corpus (enough for a 512-token tokenizer): the training-parity
+    harness's tests."""
+    from lmforge.data import load_default_corpus
+
+    text = " ".join(load_default_corpus()[:2])[:60_000]
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": text[i : i + 3000]}) + "\n" for i in range(0, len(text), 3000)))
+    return path
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_reliability_data_inputs import TEXTS, jsonl, run_cli, scratch, tok  # noqa: F401 (tok: a fixture)
+from test_reliability_data_inputs import _PAUSED_PREPARE, TEXTS, jsonl, run_cli, scratch, tok  # noqa: F401 (tok: a fixture)
 from training_testing import write_docs
 
 from lmforge.cli import main
@@ -137,20 +137,6 @@ def test_prepared_shards_are_a_runs_own_and_a_tampered_cache_entry_is_never_reus
 
 
 # --- 8: kill -9 before config.yaml exists, then --resume -----------------------------------------------------------
-
-_PAUSED_PREPARE = """
-import sys, time
-from lmforge.data.prepare import _SplitWriter
-write = _SplitWriter.write
-def paused(self, *args):
-    write(self, *args)
-    self.file.flush()
-    print("writing", flush=True)
-    time.sleep(600)
-_SplitWriter.write = paused
-from lmforge.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def test_resume_of_a_run_killed_before_its_config_existed_never_takes_another_recipe(tmp_path, caches, capsys):

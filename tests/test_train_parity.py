@@ -19,17 +19,6 @@ NANOGPT = Path(__file__).resolve().parents[1] / ".peers" / "nanoGPT"
 TINY = ["train.seq_len=32", "train.batch_size=4", "model.max_seq_len=64"]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A few dozen short documents of the bundled corpus (enough for a 512-token tokenizer)."""
-    from lmforge.data import load_default_corpus
-
-    text = " ".join(load_default_corpus()[:2])[:60_000]
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": text[i : i + 3000]}) + "\n" for i in range(0, len(text), 3000)))
-    return path
-
-
 def run(family: str, impls: list[str], out: Path, corpus: Path, *extra: str) -> int:
     args = ["--family", family, "--impls", *impls, "--size", "tiny", "--data-inputs", str(corpus), "--seeds", "0",
             "--out", str(out), "--val-batches", "2", "--device", "cpu", "--set", *TINY, *extra]  # fmt: skip
@@ -41,10 +30,10 @@ def result(out: Path, family: str, impl: str) -> dict:
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bart"])
-def test_same_batches_own_init_and_report(family, corpus, tmp_path):
+def test_same_batches_own_init_and_report(family, parity_corpus, tmp_path):
     impls = ["lmforge", "hf"] + (["nanogpt"] if family == "gpt2" and NANOGPT.is_dir() else [])
     extra = ["--nanogpt", str(NANOGPT)] if "nanogpt" in impls else []
-    assert run(family, impls, tmp_path, corpus, "--steps", "4", "--eval-every", "2", *extra) == 0
+    assert run(family, impls, tmp_path, parity_corpus, "--steps", "4", "--eval-every", "2", *extra) == 0
     runs = {impl: result(tmp_path, family, impl) for impl in impls}
     lm = runs["lmforge"]
     assert len(lm["batch_hash"]) == 4 and len(set(lm["batch_hash"])) == 4  # a new batch every step
@@ -64,8 +53,8 @@ def test_same_batches_own_init_and_report(family, corpus, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_training_lowers_both_losses_on_a_repeated_batch(corpus, tmp_path):
-    assert run("gpt2", ["lmforge", "hf"], tmp_path, corpus, "--steps", "20", "--eval-every", "20", "--overfit",
+def test_training_lowers_both_losses_on_a_repeated_batch(parity_corpus, tmp_path):
+    assert run("gpt2", ["lmforge", "hf"], tmp_path, parity_corpus, "--steps", "20", "--eval-every", "20", "--overfit",
                "--set", "train.lr=3e-3", "train.warmup_steps=2") == 0  # fmt: skip
     for impl in ("lmforge", "hf"):
         r = result(tmp_path, "gpt2", impl)
@@ -100,8 +89,8 @@ def test_bad_input_gets_one_line(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
-def test_electra_reports_the_discriminator_metrics_on_both_sides(corpus, tmp_path):
-    assert run("electra", ["lmforge", "hf"], tmp_path, corpus, "--steps", "2", "--eval-every", "2") == 0
+def test_electra_reports_the_discriminator_metrics_on_both_sides(parity_corpus, tmp_path):
+    assert run("electra", ["lmforge", "hf"], tmp_path, parity_corpus, "--steps", "2", "--eval-every", "2") == 0
     for impl in ("lmforge", "hf"):
         evals = result(tmp_path, "electra", impl)["val_metrics"]
         assert [s for s, _ in evals] == [0, 2]

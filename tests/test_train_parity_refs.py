@@ -22,28 +22,18 @@ CHECKOUT_REFS = {"nanogpt", "nanot5"}
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A few dozen short documents of the bundled corpus (enough for a 512-token tokenizer)."""
-    from lmforge.data import load_default_corpus
-
-    text = " ".join(load_default_corpus()[:2])[:60_000]
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": text[i : i + 3000]}) + "\n" for i in range(0, len(text), 3000)))
-    return path
-
-
-@pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
     """One output dir for the module: families with the same tokenizer share its prepared data."""
     return tmp_path_factory.mktemp("parity")
 
 
 @pytest.mark.parametrize("family", sorted(tp.FAMILIES))
-def test_every_family_trains_on_both_sides(family, corpus, out):
+def test_every_family_trains_on_both_sides(family, parity_corpus, out):
     refs = [r for r in tp.FAMILIES[family].refs if r not in CHECKOUT_REFS]
     assert refs, f"{family} has no reference that runs without a checkout"
     impls = ["lmforge", *refs]
-    args = ["--family", family, "--impls", *impls, "--size", "tiny", "--data-inputs", str(corpus), "--seeds", "0",
+    args = ["--family", family, "--impls", *impls, "--size", "tiny", "--data-inputs", str(parity_corpus),
+            "--seeds", "0",
             "--out", str(out), "--steps", "2", "--eval-every", "2", "--val-batches", "1", "--device", "cpu",
             "--set", *TINY]  # fmt: skip
     assert tp.main(args) == 0
