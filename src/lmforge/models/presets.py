@@ -9,7 +9,7 @@ the published figures and the exact `transformers` counts each preset reproduces
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from lmforge.config import all_keys, build_dataclass
 from lmforge.models import families as F
@@ -254,6 +254,53 @@ preset(
     "transformer-shaw-tiny", {**_SHAW, "rel_max_distance": 4}, vocab_size=512, d_model=64, n_heads=4, d_ff=256,
     max_seq_len=128, **_enc_dec(2),
 )  # fmt: skip
+
+
+# --- pretraining learning rates ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PretrainDefaults:
+    """The peak learning rate and warmup a preset brings to a pretraining run in place of its recipe's, as it brings
+    its vocabulary and context (train/pretrain_config.py `fit_to_model`; the user's train.lr, train.warmup_steps or
+    train.warmup_ratio win). The papers set both by size, at batches of 16k-4M tokens; these are for the recipes'
+    batches of 2-8k tokens and runs of 1-2k steps. A post-LN stack that trains at its recipe's lr 1e-3 at 2 layers
+    of 64 sits on the unigram plateau of its loss at 6 layers of 512 (docs/train-parity.md)."""
+
+    lr: float
+    warmup_steps: int
+
+
+# Post-LN encoders and BART. Measured: roberta-small (6 of its 8 layers; bench/train_parity.py --size small, 2,000
+# steps of 16 x 256 tokens) at lr 2e-4 reached 5.96 nats in lmforge and transformers alike, where the recipe's 1e-3
+# sat on the unigram plateau (6.8; docs/train-parity.md). Wider presets take less, as Adam's usable lr falls about
+# as 1/d_model (2e-4 x 512 ~ 5e-4 x 256 ~ 1e-4 x 768), and each value is the paper's own at the smallest batch it
+# trains that size with:
+# - BERT (Devlin et al. 2019 App. A.2): 1e-4 for base and large at 256 x 512 tokens, 10k of 1M steps warmup.
+# - RoBERTa (Liu et al. 2019): Table 3, BERT-base's size at 256 sequences, 1e-4; Table 9 at 8k sequences, base 6e-4
+#   and large 4e-4 (2/3 of base's; so bert-large and bart-large here), 24k / 30k of 500k steps warmup.
+# - ELECTRA (Clark et al. 2020 Tables 6-7): small 5e-4 at 128 x 128 tokens (the batch nearest the recipes'), base and
+#   large 2e-4 at 256 x 512 and 2048 x 512; 10k steps warmup.
+# - BART (Lewis et al. 2020 §5.1) gives no pretraining lr; it trains as RoBERTa does, so RoBERTa's values by size.
+# - T5 (Raffel et al. 2020 §3.1.2) uses one lr at every size (Adafactor, 1e-2 with inverse-square-root decay), so
+#   the T5 presets have no entry and the t5 recipe's lr stands at every size.
+# Warmup: the papers warm up over 1-6% of runs ~500x longer than the recipes' 1,000 steps, but a post-LN stack
+# needs its warmup in steps more than in share of the run (Xiong et al. 2020 §3): 12-24-layer presets warm up over
+# 200 and 250 steps (RoBERTa's 24k : 30k), electra-small's 12 narrow layers over 100, roberta-small over the 50 it
+# was measured with.
+PRETRAIN_DEFAULTS: dict[str, PretrainDefaults] = {
+    "bert-base": PretrainDefaults(lr=1e-4, warmup_steps=200),
+    "bert-large": PretrainDefaults(lr=7e-5, warmup_steps=250),
+    "roberta-small": PretrainDefaults(lr=2e-4, warmup_steps=50),
+    "roberta-base": PretrainDefaults(lr=1e-4, warmup_steps=200),
+    "electra-small": PretrainDefaults(lr=5e-4, warmup_steps=100),
+    "bart-base": PretrainDefaults(lr=1e-4, warmup_steps=200),
+    "bart-large": PretrainDefaults(lr=7e-5, warmup_steps=250),
+}
+"""Preset name -> its pretraining lr and warmup. Test sizes (`*-tiny`) have none: their recipes' values are theirs."""
+
+
+def pretrain_defaults(name: str) -> PretrainDefaults | None:
+    """The preset's own pretraining lr and warmup, None where the recipe's stand."""
+    return PRETRAIN_DEFAULTS.get(name)
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:

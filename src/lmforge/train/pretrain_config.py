@@ -130,6 +130,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | dict | 
     `model.preset` picks a registered architecture; other model.* keys override its fields. What the user asks
     for wins over the recipe, and a preset's limits over recipe values the user did not set (`fit_to_model`)."""
     user = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    user = {k: {SECTION_NAMES[k]: v} if k in SECTION_NAMES and isinstance(v, str) else v for k, v in user.items()}
     base: dict = {}
     if recipe is not None:
         path = resolve_recipe(str(recipe), "pretrain")
@@ -182,10 +183,12 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
       data.vocab_size; otherwise the recipe's value stands. A given tokenizer sets the model's vocab_size unless
       the user pinned model.vocab_size (to at least the tokenizer's size).
     - Sequence length: train.seq_len may not exceed the model's max_seq_len. A value the user gave is refused;
-      a recipe's value gives way to the preset's limit."""
+      a recipe's value gives way to the preset's limit.
+    - Learning rate and warmup: a preset with its own (models/presets.py PRETRAIN_DEFAULTS) brings them as it
+      brings its vocabulary (`fit_schedule`)."""
     from lmforge.progress import status
 
-    notes = []
+    notes = fit_schedule(cfg, recipe, user)
     m, d, t = cfg.model, cfg.data, cfg.train
     user_model_vocab = has_key(user, "model.vocab_size")
     if d.prepared and not d.tokenizer and not cfg.run.init:  # the tokenizer `data prepare` recorded (run.init: its own)
@@ -225,6 +228,38 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
         t.seq_len = m.max_seq_len
     for note in notes:
         status(f"note: {note}")
+
+
+def fit_schedule(cfg: Config, recipe: dict, user: dict) -> list[str]:
+    """The preset's pretraining lr and warmup in place of the recipe's: where the user names the preset (or the
+    recipe names it and sets no value of its own) and gives no value of their own. Returns the notes to print."""
+    from lmforge.models.presets import pretrain_defaults
+
+    named = has_key(user, "model.preset")
+    preset = get_key(user if named else recipe, "model.preset")
+    own = pretrain_defaults(str(preset)) if preset is not None else None
+    if own is None:
+        return []
+    t, notes = cfg.train, []
+    if not has_key(user, "train.lr") and (named or not has_key(recipe, "train.lr")):
+        if t.lr != own.lr:
+            notes.append(f"train.lr {_num(t.lr)} → {_num(own.lr)} (model {preset}'s learning rate)")
+        t.lr = own.lr
+    warmup = ("train.warmup_steps", "train.warmup_ratio")
+    if not any(has_key(user, k) for k in warmup) and (named or not any(has_key(recipe, k) for k in warmup)):
+        if t.warmup_ratio is not None:
+            notes.append(f"train.warmup_ratio {t.warmup_ratio:g} → train.warmup_steps {own.warmup_steps} (model "
+                         f"{preset}'s warmup)")  # fmt: skip
+        elif t.warmup_steps != own.warmup_steps:
+            notes.append(f"train.warmup_steps {t.warmup_steps} → {own.warmup_steps} (model {preset}'s warmup)")
+        t.warmup_steps, t.warmup_ratio = own.warmup_steps, None
+    return notes
+
+
+def _num(x: float) -> str:
+    """1e-3, 2.5e-4: a learning rate as the recipes write it."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def build_config(raw: dict) -> Config:
