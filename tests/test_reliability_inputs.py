@@ -240,6 +240,8 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_resume_with_a_changed_config_is_refused_and_checkpoints_stay(prepared, tmp_path, capsys):
+    import test_reliability_streak  # noqa: F401 (registers the objective test_poisoned_lm, named below)
+
     run = tmp_path / "run"
     assert cli(capsys, *pretrain(prepared, run, "--train.max_steps=2"))[0] == 0
     before = fingerprint(run)
