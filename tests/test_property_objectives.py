@@ -244,6 +244,7 @@ TARGETS = {"causal_lm": next_token_targets, "mtp": next_token_targets, "prefix_l
 
 @pytest.mark.parametrize("name", OBJECTIVES.names())
 def test_objective_transform_holds_for_any_token_stream(name):
+    torch.manual_seed(0)  # the objectives' draws (XLNet's permutations) decide which streams are refused
     tok = setup(name, SEQ_LENS[0])[2]
     ordinary = tuple(ordinary_ids(tok).tolist())
 
