@@ -35,8 +35,8 @@ class ModelOutput(HFOutputMixin):
     nsp_logits: Tensor | None = None
     """(B, 2) BERT next-sentence / ALBERT sentence-order logits over the pooled output (class 0 = in order)."""
     mtp_logits: list[Tensor] | None = None
-    """Multi-token prediction (forward(..., mtp=True)): per depth k = 1..mtp_heads, (B, T - k, V) logits of
-    token t + k + 1 at position t."""
+    """Multi-token prediction (forward(..., mtp=True)): per extra head k = 1..mtp_heads, (B, T - k, V) logits of
+    token t + k + 1 at position t (`logits` are the next-token head's)."""
     hidden_states: tuple[Tensor, ...] | None = None
     """output_hidden_states=True: the embedding output and every block's output, n_layers + 1 tensors (B, T, d_model),
     the last one after the final norm (as Hugging Face returns them); the decoder's for encoder-decoders."""
@@ -288,7 +288,8 @@ class Transformer(HFSurface, nn.Module):
         with a cache, run `encode` once and pass its output as encoder_hidden_states on every step; the
         cross-attention keys/values are computed on the first step and kept in the cache.
 
-        mtp: also run the multi-token prediction heads (decoders with model.mtp_heads > 0; training only).
+        mtp: also run the extra multi-token prediction heads (decoders with model.mtp_heads > 0; training only);
+        the next-token head is the stack's last block, so `logits` are the same with or without them.
 
         output_hidden_states: also return every layer's hidden states (ModelOutput.hidden_states).
 
@@ -324,7 +325,8 @@ class Transformer(HFSurface, nn.Module):
             )
             return self._with_loss(out, labels, num_items_in_batch)
         enc = pooled = None
-        hidden = [] if output_hidden_states else None
+        # MTP's parallel heads read the trunk's output z, the input of the stack's last block (models/mtp.py).
+        hidden = [] if output_hidden_states or mtp else None
         enc_hidden = [] if output_hidden_states and cfg.is_encoder_decoder else None
         if cfg.is_encoder:
             h = self.encode(
@@ -366,8 +368,8 @@ class Transformer(HFSurface, nn.Module):
         logits = self.logits(h) if cfg.lm_head and return_logits else None
         rtd = self.rtd_head(h) if cfg.rtd_head else None
         nsp = self.nsp_head(pooled) if cfg.nsp_head else None
-        extra = self.mtp(self, h, input_ids, attention_mask) if mtp else None
-        hs = tuple(hidden) if hidden is not None else None
+        extra = self.mtp(self, h, hidden[-2], input_ids, attention_mask) if mtp else None
+        hs = tuple(hidden) if output_hidden_states else None
         enc_hs = tuple(enc_hidden) if enc_hidden else None
         out = ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra, hs, enc_hs)
         return self._with_loss(out, labels, num_items_in_batch)

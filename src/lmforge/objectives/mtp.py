@@ -1,9 +1,11 @@
 """Multi-token prediction (Gloeckle et al. 2024; DeepSeek-V3 §2.2): next-token loss plus the losses of extra heads
 that predict tokens t+2 .. t+1+D from position t. The heads are model fields (model.mtp_heads, mtp_sequential,
-mtp_head; see models/mtp.py), so a saved run reloads with them; inference uses the next-token head only.
+mtp_head; see models/mtp.py: the next-token head is the decoder's last block, the extra heads its siblings on the
+trunk's output), so a saved run reloads with them; inference uses the next-token head only.
 
-Gloeckle et al. sum the cross-entropies of all n heads (reduction=sum, weight=1); DeepSeek-V3 adds λ/D times the
-sum of its D depth losses to the main loss (reduction=mean, weight=λ: 0.3, later 0.1)."""
+Gloeckle et al. eq. (2), L_n = -sum_t sum_{i=1..n} log P(x_{t+i} | z_{t:1}): the cross-entropies of all n = D + 1
+heads summed (reduction=sum, weight=1), each one averaged over the window positions whose target it sees.
+DeepSeek-V3 adds λ/D times the sum of its D depth losses to the main loss (reduction=mean, weight=λ: 0.3, later 0.1)."""
 
 from __future__ import annotations
 
