@@ -20,6 +20,7 @@ import torch
 
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
+from lmforge.eval.memory_lm import memory_flags, memory_setting, score_documents_with_memory
 
 
 @dataclass
@@ -31,6 +32,9 @@ class TextScore:
     """Total negative log-likelihood, nats."""
     context: int
     stride: int
+    mem_len: int | None = None
+    """Transformer-XL segment recurrence: tokens of memory, `context` the segment length (= stride); None for plain
+    windows."""
 
     @property
     def loss(self) -> float:
@@ -49,18 +53,24 @@ class TextScore:
         return asdict(self) | {"loss": self.loss, "perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte}
 
 
-def score_text(lm: LM, documents: list[str], stride: int | None = None) -> TextScore:
-    """Negative log-likelihood of every token of `documents` under `lm`'s model (see the module docstring)."""
+def score_text(
+    lm: LM, documents: list[str], stride: int | None = None, memory: tuple[int, int] | None = None
+) -> TextScore:
+    """Negative log-likelihood of every token of `documents` under `lm`'s model (see the module docstring);
+    memory = (segment, mem_len): a Transformer-XL decoder's segment recurrence (eval/memory_lm.py) instead."""
     docs = [d for d in documents if d]
     if not docs:
         raise LMForgeError("no text to score: the input holds no non-empty document")
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    if memory is not None:
+        nll, tokens = score_documents_with_memory(lm, docs, segment=memory[0], mem_len=memory[1])
+        return TextScore(len(docs), tokens, n_bytes, nll, memory[0], memory[0], memory[1])
     stride = lm.max_len if stride is None else stride
     nll, tokens = 0.0, 0
     for parts in lm.score_rolling(docs, stride=stride):
         for p in parts:
             nll -= p.total
             tokens += len(p.logprobs)
-    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
     return TextScore(len(docs), tokens, n_bytes, nll, lm.max_len, stride)
 
 
@@ -72,12 +82,17 @@ def cmd_text(
     batch_size: int = 16,
     out: str | None = None,
     extra: list[str] | None = None,
+    segment: int | None = None,
+    mem_len: int | None = None,
 ) -> TextScore:
     """`lmforge eval RUN --text FILE`: print (and with `out`, write as JSON) the text's perplexity and bits per
-    byte under the model of a run, checkpoint or Hugging Face dir. `extra`: other arguments given, refused."""
+    byte under the model of a run, checkpoint or Hugging Face dir. A Transformer-XL run is scored segment by segment
+    with memory (`segment`, `mem_len`: default the run's validation setting), unless `stride` asks for plain windows.
+    `extra`: other arguments given: --segment N and --mem-len N, the rest refused."""
     from lmforge.data import read_documents
     from lmforge.loading import load
 
+    segment, mem_len, extra = memory_flags(extra or [], segment, mem_len)
     if extra:
         raise LMForgeError(f"--text scores the text alone; it takes no {extra[0]}")
     if batch_size < 1:
@@ -96,15 +111,18 @@ def cmd_text(
     if stream.replaced_bytes:  # as pretraining warns of its inputs: the scores are of the text with U+FFFD in it
         print(f"warning: {file}: {stream.replaced_bytes} bytes are not valid UTF-8 and were replaced with U+FFFD",
               file=sys.stderr)  # fmt: skip
-    score = score_text(LM(model, tok, batch_size=batch_size), docs, stride)
+    memory = memory_setting(model, path, stride, segment, mem_len)
+    score = score_text(LM(model, tok, batch_size=batch_size), docs, stride, memory)
     if not math.isfinite(score.loss):
         raise LMForgeError(
             f"the model's loss on {file} is {score.loss}: its weights give non-finite values, as those of a run that "
             "diverged do; use an earlier checkpoint"
         )
+    how = f"windows: context {score.context}, stride {score.stride}"
+    if score.mem_len is not None:
+        how = f"Transformer-XL segment recurrence: segments of {score.context}, memory {score.mem_len}"
     print(
-        f"{file}: {score.documents} document(s), {score.tokens:,} tokens, {score.bytes:,} bytes "
-        f"(context {score.context}, stride {score.stride})\n"
+        f"{file}: {score.documents} document(s), {score.tokens:,} tokens, {score.bytes:,} bytes ({how})\n"
         f"loss {score.loss:.4f} nats/token, perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits/byte"
     )
     if out:
