@@ -12,7 +12,8 @@ Sources (`data.source`):
   from the local cache, columns mapped by the table options (see tasks/hf_splits.py);
 - race: the RACE directory (`data.dir`; `data.name` all, middle or high); wsc: the Winograd Schema Challenge's
   `WSCollection.xml` (`data.dir` holding it, or `data.test`; `data.name` wsc273 or wsc285), a test split only;
-  dpr: Rahman & Ng's `train.c.txt` / `test.c.txt` (`data.dir`, or `data.train` / `data.test`).
+  dpr: Rahman & Ng's `train.c.txt` / `test.c.txt` (`data.dir`, or `data.train` / `data.test`); blimp: grammatical
+  minimal pairs in BLiMP's layout, one `<paradigm>.jsonl` per paradigm in `data.dir` (data/blimp.py), a test split.
 A run without a dev split holds out the last 10% of train (deterministic) as dev.
 
 Labels of table, dir and datasets data: `data.labels` declares the label set (a label outside it is an error
@@ -137,6 +138,14 @@ def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
     return out
 
 
+def _blimp(cfg: FtDataConfig) -> dict[str, Dataset]:
+    from lmforge.data.blimp import read_minimal_pairs
+
+    if cfg.dir is None:
+        raise LMForgeError("data.source=blimp needs --data.dir (the directory of BLiMP's <paradigm>.jsonl files)")
+    return {"test": read_minimal_pairs(cfg.dir)}
+
+
 LABELLED_BY_USER = ("table", "dir", "datasets")  # sources whose label set data.labels may declare
 NAMED_SOURCES = ("bundled", "glue", "superglue", "fetched", "race", "wsc")  # data.name picks the set
 
@@ -165,6 +174,7 @@ SOURCES: dict[str, Callable[[FtDataConfig], dict[str, Dataset]]] = {
     "race": _race,
     "wsc": _wsc,
     "dpr": _dpr,
+    "blimp": _blimp,
     "datasets": _datasets,
 }
 
