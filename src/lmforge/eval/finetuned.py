@@ -74,7 +74,7 @@ def eval_prompted(path: Path, tasks: list[str], overrides: list[str], split: str
     for name in tasks:
         cfg = load_prompt_config(name, ([f"--split={split}"] if split else []) + overrides)
         device = "cuda" if cfg.device == "auto" and _cuda() else ("cpu" if cfg.device == "auto" else cfg.device)
-        results[cfg.name] = run_prompt_eval(cfg, model.to(device), tokenizer)
+        results[cfg.name] = run_prompt_eval(cfg, model.to(device), tokenizer, source=path)
     return results
 
 

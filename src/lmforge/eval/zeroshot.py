@@ -208,7 +208,7 @@ class Winograd:
 @dataclass
 class EvalSection:
     method: str = "prompt_classify"
-    """A registered method: prompt_classify, prompt_generate, acceptability, choice, winograd."""
+    """A registered method: prompt_classify, prompt_generate, acceptability, choice, winograd, minimal_pairs."""
     options: Any = None
 
 
@@ -224,7 +224,7 @@ class PromptEvalConfig:
 
 
 def _methods_registered() -> None:
-    from lmforge.eval import fewshot  # noqa: F401  (registers prompt_classify, prompt_generate)
+    from lmforge.eval import fewshot, minimal_pairs  # noqa: F401  (prompt_classify, prompt_generate, minimal_pairs)
 
 
 def load_prompt_config(recipe: str | Path, overrides: list[str] | dict | None = None) -> PromptEvalConfig:
@@ -247,16 +247,20 @@ def load_prompt_config(recipe: str | Path, overrides: list[str] | dict | None = 
     return cfg
 
 
-def run_prompt_eval(cfg: PromptEvalConfig, model, tokenizer) -> dict[str, float]:
-    """Load the recipe's data and run its method with `model` on `cfg.split`."""
+def run_prompt_eval(cfg: PromptEvalConfig, model, tokenizer, source: str | Path | None = None) -> dict[str, float]:
+    """Load the recipe's data and run its method with `model` on `cfg.split`. A method with a `scorer` builds what
+    it scores with itself (minimal pairs score encoders too; `source`, the run the model came from, holds an ELECTRA
+    run's generator); the others get the decoder LM."""
     from lmforge.tasks.data import load_splits
 
     _methods_registered()
     splits = load_splits(cfg.data, require_train=False)
     if cfg.split not in splits:
         raise LMForgeError(f"split '{cfg.split}' not found (have: {', '.join(splits)})")
-    lm = LM(model, tokenizer, batch_size=cfg.batch_size)
-    return EVALS.get(cfg.eval.method)(cfg.eval.options).run(lm, splits, cfg.split)
+    method = EVALS.get(cfg.eval.method)(cfg.eval.options)
+    make = getattr(method, "scorer", None)
+    lm = make(model, tokenizer, cfg.batch_size, source) if make else LM(model, tokenizer, batch_size=cfg.batch_size)
+    return method.run(lm, splits, cfg.split)
 
 
 def prompt_config_dict(cfg: PromptEvalConfig) -> dict:
