@@ -12,12 +12,15 @@ from lmforge.errors import LMForgeError
 def add_parser(sub, name: str) -> None:
     ev = sub.add_parser(name, help="evaluate a fine-tuned run, or zero/few-shot a pretrained model")
     ev.add_argument("path", type=Path, help="fine-tuned run dir, or a pretrained run/checkpoint for --task recipes")
-    ev.add_argument("--task", action="append", help="recipes/eval name or path (repeatable)")
+    ev.add_argument("--task", action="append", help="recipes/eval name or path (repeatable), e.g. blimp "
+                    "--data.dir=DIR: grammatical minimal pairs, for every family")  # fmt: skip
     ev.add_argument("--out", help="write the results JSON here")
     ev.add_argument("--split", help="dataset split to evaluate (default: dev, or each recipe's)")
-    ev.add_argument("--text", help="perplexity and bits per byte of a pretrained model on this text file")
+    ev.add_argument("--text", help="perplexity and bits per byte of a pretrained model on this text file (an "
+                    "encoder: pseudo-perplexity and pseudo-bits per byte, from its pseudo-log-likelihood)")  # fmt: skip
     ev.add_argument("--stride", type=int, help="--text: new tokens per sliding window (default: the context)")
-    ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass")
+    ev.add_argument("--batch-size", type=int, default=16, help="--text: windows per forward pass (an encoder's "
+                    "window brings one masked copy per token)")  # fmt: skip
     ev.add_argument("--harness", action="store_true", help="lm-evaluation-harness: the arguments after it are "
                     "lm_eval's; PATH is the model `lmforge`, lmforge's example tasks are on the task path")  # fmt: skip
     ev.set_defaults(fn=run)

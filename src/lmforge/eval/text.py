@@ -6,7 +6,13 @@ rolling_windows`): every token is predicted exactly once, after up to max_seq_le
 (the stride defaults to the whole context, as lm-eval-harness's rolling log-likelihood; a smaller stride gives each
 prediction more context at more compute, as in Hugging Face's perplexity guide). Perplexity is exp of the mean
 negative log-likelihood per token; bits per byte is the total negative log-likelihood in bits over the UTF-8
-bytes of the text, which compares across tokenizers."""
+bytes of the text, which compares across tokenizers.
+
+Encoder-decoders score each window as decoder output after the text before it as encoder input (`eval.lm`).
+Encoders have no left-to-right likelihood: they get the pseudo-log-likelihood of Salazar et al. 2020 (each token
+masked in turn, `eval.sentence_scores`; an ELECTRA run's generator), in windows of max_seq_len - 2 tokens scored on
+their own, and the same quantities labelled pseudo- (pseudo-perplexity, pseudo-bits per byte). They rank encoders
+among themselves but are no likelihood: they are not comparable with a decoder's bits per byte."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import torch
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.eval.memory_lm import memory_flags, memory_setting, score_documents_with_memory
+from lmforge.eval.sentence_scores import PseudoLogLikelihood, sentence_scorer
 
 
 @dataclass
@@ -35,6 +42,8 @@ class TextScore:
     mem_len: int | None = None
     """Transformer-XL segment recurrence: tokens of memory, `context` the segment length (= stride); None for plain
     windows."""
+    pseudo: bool = False
+    """Pseudo-log-likelihood (an encoder's), not a log-likelihood: every derived quantity is a pseudo- one."""
 
     @property
     def loss(self) -> float:
@@ -50,7 +59,21 @@ class TextScore:
         return self.nll / math.log(2) / max(self.bytes, 1)
 
     def as_dict(self) -> dict:
-        return asdict(self) | {"loss": self.loss, "perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte}
+        d = asdict(self)
+        del d["pseudo"]
+        d |= {"loss": self.loss, "perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte}
+        if self.pseudo:  # pseudo_nll, pseudo_loss, pseudo_perplexity, pseudo_bits_per_byte
+            d = {f"pseudo_{k}" if k in ("nll", "loss", "perplexity", "bits_per_byte") else k: v for k, v in d.items()}
+        return {"scoring": "pseudo-log-likelihood" if self.pseudo else "log-likelihood", **d}
+
+    def summary(self) -> str:
+        """The scores as one line."""
+        if self.pseudo:
+            return (
+                f"pseudo-loss {self.loss:.4f} nats/token, pseudo-perplexity {self.perplexity:.2f}, "
+                f"{self.bits_per_byte:.4f} pseudo-bits/byte"
+            )
+        return f"loss {self.loss:.4f} nats/token, perplexity {self.perplexity:.2f}, {self.bits_per_byte:.4f} bits/byte"
 
 
 def score_text(
@@ -72,6 +95,17 @@ def score_text(
             nll -= p.total
             tokens += len(p.logprobs)
     return TextScore(len(docs), tokens, n_bytes, nll, lm.max_len, stride)
+
+
+def score_text_pseudo(scorer: PseudoLogLikelihood, documents: list[str]) -> TextScore:
+    """Pseudo-log-likelihood of every token of `documents` under an encoder (see the module docstring)."""
+    docs = [d for d in documents if d]
+    if not docs:
+        raise LMForgeError("no text to score: the input holds no non-empty document")
+    scores = scorer.score(docs)
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    nll, tokens = -sum(s.logprob for s in scores), sum(s.tokens for s in scores)
+    return TextScore(len(docs), tokens, n_bytes, nll, scorer.window, scorer.window, pseudo=True)
 
 
 def cmd_text(
@@ -111,19 +145,29 @@ def cmd_text(
     if stream.replaced_bytes:  # as pretraining warns of its inputs: the scores are of the text with U+FFFD in it
         print(f"warning: {file}: {stream.replaced_bytes} bytes are not valid UTF-8 and were replaced with U+FFFD",
               file=sys.stderr)  # fmt: skip
-    memory = memory_setting(model, path, stride, segment, mem_len)
-    score = score_text(LM(model, tok, batch_size=batch_size), docs, stride, memory)
+    if model.config.is_encoder:
+        if stride is not None:
+            raise LMForgeError(
+                "--stride: an encoder's pseudo-log-likelihood scores each window of max_seq_len - 2 tokens on its own; "
+                "the sliding windows are a decoder's and an encoder-decoder's"
+            )
+        score = score_text_pseudo(sentence_scorer(model, tok, batch_size, source=path), docs)
+    else:
+        memory = memory_setting(model, path, stride, segment, mem_len)
+        score = score_text(LM(model, tok, batch_size=batch_size), docs, stride, memory)
     if not math.isfinite(score.loss):
         raise LMForgeError(
             f"the model's loss on {file} is {score.loss}: its weights give non-finite values, as those of a run that "
             "diverged do; use an earlier checkpoint"
         )
     how = f"windows: context {score.context}, stride {score.stride}"
-    if score.mem_len is not None:
+    if score.pseudo:
+        how = f"pseudo-log-likelihood: windows of {score.context} tokens, each token masked in turn"
+    elif score.mem_len is not None:
         how = f"Transformer-XL segment recurrence: segments of {score.context}, memory {score.mem_len}"
     print(
         f"{file}: {score.documents} document(s), {score.tokens:,} tokens, {score.bytes:,} bytes ({how})\n"
-        f"loss {score.loss:.4f} nats/token, perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits/byte"
+        f"{score.summary()}"
     )
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
