@@ -88,6 +88,8 @@ def test_cli_labels_an_encoders_scores_pseudo(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--text", str(text), "--stride", "4"]) != 0
     assert capsys.readouterr().err.strip().startswith("error: --stride: an encoder's pseudo-log-likelihood scores")
+    assert main(["eval", str(run), "--text", str(text), "--segment", "8"]) != 0
+    assert capsys.readouterr().err.strip().startswith("error: --segment and --mem-len score a Transformer-XL decoder")
     electra, pair = electra_run(tmp_path / "electra")  # a discriminator: its run's generator scores
     assert main(["eval", str(electra), "--text", str(text), "--out", str(tmp_path / "e.json")]) == 0
     want = score_text_pseudo(PseudoLogLikelihood(pair.generator, tok), [DOCS[1]])

@@ -145,6 +145,7 @@ def cmd_text(
     if stream.replaced_bytes:  # as pretraining warns of its inputs: the scores are of the text with U+FFFD in it
         print(f"warning: {file}: {stream.replaced_bytes} bytes are not valid UTF-8 and were replaced with U+FFFD",
               file=sys.stderr)  # fmt: skip
+    memory = memory_setting(model, path, stride, segment, mem_len)  # --segment / --mem-len: a Transformer-XL's only
     if model.config.is_encoder:
         if stride is not None:
             raise LMForgeError(
@@ -153,7 +154,6 @@ def cmd_text(
             )
         score = score_text_pseudo(sentence_scorer(model, tok, batch_size, source=path), docs)
     else:
-        memory = memory_setting(model, path, stride, segment, mem_len)
         score = score_text(LM(model, tok, batch_size=batch_size), docs, stride, memory)
     if not math.isfinite(score.loss):
         raise LMForgeError(
