@@ -2,7 +2,13 @@
 
 A small generator is trained as a masked LM; its samples replace the masked tokens, and the discriminator
 predicts for every token whether it was replaced. Loss = L_MLM(generator) + λ · L_Disc (λ = 50). The two share
-their token, position and segment embeddings (and the embedding LayerNorm), as in the paper's §3.2."""
+their token, position and segment embeddings (and the embedding LayerNorm), as in the paper's §3.2.
+
+Training draws the replacements from the generator's softmax with torch's generator. Validation draws them from a
+uniform per (example, position), a hash of the example's masked tokens and the run seed (`sample_uniforms`), by
+inverting the softmax's CDF: an example gets the same replacements whatever batch it is in and however many
+processes share the global batch; and its generator term is the mean over the masked tokens of the whole global
+batch, whichever of its rows a process scores. So the validation loss does not depend on the number of processes."""
 
 from __future__ import annotations
 
@@ -17,10 +23,24 @@ from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
-from lmforge.objectives.mlm import MaskedObjective, check_rates
+from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective, check_rates
 from lmforge.registry import OBJECTIVES
 
 SHARED_EMBEDDINGS = ("pos_emb", "type_emb", "emb_norm")  # encoder-stack modules the generator borrows
+SAMPLE_SALT = 0x5A3B_1E00  # keys the validation samples' uniforms apart from the validation masks'
+
+
+def sample_uniforms(input_ids: Tensor, seed: int) -> Tensor:
+    """(B, L) float64 uniforms in [0, 1), each a hash of its row's tokens (B, L), its position and the seed only."""
+    return M.Draws.static(input_ids, seed ^ SAMPLE_SALT).uniform(*input_ids.shape)
+
+
+def sample_by_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """(N,) one draw from each row of probs (N, V), the smallest k whose cumulative probability exceeds u (N,) ·
+    the row's total (inverse-CDF sampling: P(k) = probs[k]; a token of probability 0 is never drawn)."""
+    cdf = probs.double().cumsum(-1)  # (N, V)
+    x = (u.to(cdf) * cdf[:, -1]).unsqueeze(-1)  # (N, 1)
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 @dataclass
@@ -87,10 +107,11 @@ class ElectraModel(nn.Module):
 
     def forward(
         self, input_ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None, index: Tensor | None = None,
+        token_type_ids: Tensor | None = None, index: Tensor | None = None, sample_u: Tensor | None = None,
     ) -> ElectraOutput:  # fmt: skip
         """index: the flat positions of the labelled tokens (the batch's `mlm_index`, found on the CPU when it was
-        made); without it they are found here, which waits for the device."""
+        made); without it they are found here, which waits for the device. sample_u (B, T): a uniform per position
+        that draws its replacement (`sample_by_cdf`); None draws from torch's generator."""
         if index is None:
             index = M.labelled_index(labels)
         h = self.generator(input_ids, attention_mask, token_type_ids=token_type_ids, return_logits=False)
@@ -99,7 +120,12 @@ class ElectraModel(nn.Module):
         gen_labels = original.flatten().index_select(0, index)
         with torch.no_grad():
             probs = torch.softmax(gen_logits.detach().float(), -1)
-            sampled = torch.multinomial(probs, 1).squeeze(-1) if len(probs) else gen_labels
+            if not len(probs):
+                sampled = gen_labels
+            elif sample_u is not None:
+                sampled = sample_by_cdf(probs, sample_u.flatten().index_select(0, index))
+            else:
+                sampled = torch.multinomial(probs, 1).squeeze(-1)
         corrupted = original.flatten().index_copy(0, index, sampled).view_as(original)
         out = self.discriminator(corrupted, attention_mask, token_type_ids=token_type_ids, return_logits=False)
         return ElectraOutput(gen_logits, gen_labels, out.rtd_logits, corrupted != original)
@@ -157,16 +183,38 @@ class Electra(MaskedObjective):
         disc = training_flops(cfg.model, T) - 6.0 * lm_head_weights(cfg.model) * T  # its LM head (if any) never runs
         return disc + training_flops(gen, T) - 6.0 * lm_head_weights(gen) * T * (1.0 - o.mask_rate)
 
+    def eval_transform(self, tokens) -> dict[str, Tensor]:
+        """Static validation masks (MaskedObjective) and a uniform per position for the generator's samples, both
+        functions of the example alone (module docstring)."""
+        batch = super().eval_transform(tokens)
+        batch["sample_u"] = sample_uniforms(batch["input_ids"], self.seed ^ EVAL_SALT)
+        # The generator's loss is a mean over the masked tokens of the whole (global) batch, which the trainer
+        # transforms on every rank before each takes its rows: each row carries real/masked tokens of the whole
+        # batch, so that the ranks' losses, weighted by their real tokens, add up to one process's loss.
+        ids = batch["input_ids"]
+        n_real = int(batch["attention_mask"].sum()) if "attention_mask" in batch else ids.numel()
+        n_masked = int((batch["labels"] != M.IGNORE).sum())
+        batch["mlm_scale"] = torch.full((len(ids),), n_real / max(n_masked, 1), dtype=torch.float64)
+        return batch
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> LossOutput:
-        out: ElectraOutput = model(batch["input_ids"], batch["labels"], batch.get("attention_mask"),
-                                   batch.get("token_type_ids"), batch.get("mlm_index"))  # fmt: skip
+        out: ElectraOutput = model(
+            batch["input_ids"], batch["labels"], batch.get("attention_mask"), batch.get("token_type_ids"),
+            batch.get("mlm_index"), batch.get("sample_u"),
+        )  # fmt: skip
         labelled = len(out.gen_labels)  # known on the host: the index came with the batch
-        mlm = F.cross_entropy(out.gen_logits.float(), out.gen_labels) if labelled else out.gen_logits.sum() * 0.0
         # §2: the discriminator scores every (non-padding) token; a sample equal to the original counts as real.
         # Means weighted by the padding mask rather than boolean indexing, which would wait for the device.
         logits, target = out.rtd_logits.float(), out.replaced.float()
         real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(out.replaced)
         weight, n_real = real.float(), real.sum()
+        if "mlm_scale" in batch:  # validation: the whole batch's masked-token mean, whatever rows this rank has
+            nll = F.cross_entropy(out.gen_logits.float(), out.gen_labels, reduction="sum")
+            mlm = nll * batch["mlm_scale"][0].float() / n_real
+        elif labelled:
+            mlm = F.cross_entropy(out.gen_logits.float(), out.gen_labels)
+        else:
+            mlm = out.gen_logits.sum() * 0.0
         disc = (F.binary_cross_entropy_with_logits(logits, target, reduction="none") * weight).sum() / n_real
         metrics = {  # tensors: the loop reads them back on log steps only
             "mlm_loss": mlm.detach(), "disc_loss": disc.detach(),
