@@ -156,6 +156,19 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def test_reader_reads_blimps_layout():
+    exs = read_minimal_pairs(FIXTURE).examples
+    assert len(exs) == 12 and (exs[5].text, exs[5].text_pair) == (
+        "The doctor found that book.",
+        "The doctor found those book.",
+    )
+    assert exs[5].id == "determiner_noun_agreement_1/1"  # the paradigm (file name) and BLiMP's pairID
+    assert {k: exs[5].meta[k] for k in ("paradigm", "field", "phenomenon", "line")} == {
+        "paradigm": "determiner_noun_agreement_1", "field": "morphology", "phenomenon": "determiner_noun_agreement",
+        "line": 2,
+    }  # fmt: skip
+
+
 def test_reader_errors_name_the_file_and_line(tmp_path):
     with pytest.raises(LMForgeError, match=f"^minimal-pair directory not found: {tmp_path / 'nope'}$"):
         read_minimal_pairs(tmp_path / "nope")

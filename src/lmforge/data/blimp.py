@@ -2,11 +2,12 @@
 https://github.com/alexwarstadt/blimp): a directory with one `<paradigm>.jsonl` per paradigm (67 upstream, 1,000
 pairs each), each line a JSON object with at least `sentence_good` and `sentence_bad`, and usually `field`
 (syntax, morphology, semantics, syntax_semantics), `linguistics_term` (the phenomenon: anaphor_agreement,
-island_effects, ...), `UID` (the paradigm) and `pair_id`. BabyLM's filtered copies and BLiMP-style sets of
-one's own (the BLiMP supplement, other languages' minimal pairs) use the same layout.
+island_effects, ...), `UID` (the paradigm) and `pairID` (a string "0".."999"; `pair_id` is read too). BabyLM's
+filtered copies and BLiMP-style sets of one's own (the BLiMP supplement, other languages' minimal pairs) use the
+same layout.
 
-Each pair becomes one `Example`: `text` the acceptable sentence, `text_pair` the unacceptable one, `meta` the
-paradigm (the file's name), field, phenomenon, file and line."""
+Each pair becomes one `Example`: `text` the acceptable sentence, `text_pair` the unacceptable one, `id`
+"<paradigm>/<pairID>", `meta` the paradigm (the file's name), field, phenomenon, file and line."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def read_paradigm(path: Path) -> list[Example]:
             value = _text_field(obj, key, path, n)
             if value:
                 meta[name] = value
-        pair_id = obj.get("pair_id", len(out))
+        pair_id = obj.get("pairID", obj.get("pair_id", len(out)))
         out.append(Example(text=good, text_pair=bad, id=f"{path.stem}/{pair_id}", meta=meta))
     if not out:
         raise LMForgeError(f"{path}: no minimal pairs (an empty file)")
