@@ -1,22 +1,16 @@
-"""C4 cleaning rules and MinHash near-duplicate removal on hand-made documents."""
+"""Cleaning's building blocks: the sentence splitter, span deduplication's guarantee on a random corpus, word n-grams
+and MinHash (the C4 rules themselves: tests/test_c4_clean.py)."""
 
 from __future__ import annotations
 
 import random
 
-from lmforge.data.clean import CleanConfig, NearDuplicateIndex, clean_documents, count_sentences, word_ngrams
+import pytest
 
-GOOD = [
-    "The river ran quietly past the old mill at dawn.",
-    "Nobody in the village could remember when it was built.",
-    "Children played on its steps every summer afternoon.",
-    "The miller's daughter kept the wheel turning for years.",
-    "Now the roof has fallen in and ivy covers the walls.",
-]
-
-
-def _doc(*extra: str) -> str:
-    return "\n".join(GOOD + list(extra))
+from lmforge.data.c4_dedup import Deduplicator
+from lmforge.data.c4_rules import count_sentences, split_sentences
+from lmforge.data.clean import CleanConfig, Cleaner, word_ngrams
+from lmforge.data.minhash import MinHasher
 
 
 def _words(n: int, seed: int) -> list[str]:
@@ -25,82 +19,64 @@ def _words(n: int, seed: int) -> list[str]:
     return [rng.choice(vocab) for _ in range(n)]
 
 
-def test_line_rules_each_remove_what_they_should() -> None:
-    doc = _doc(
-        "A heading without punctuation",
-        "Too short.",
-        "function f() { return 1; } is code.",
-        "Please enable JavaScript to view this page.",
-        'He said, "this line ends with a quote."',
-    )
-    kept, counts = clean_documents([doc])
-    assert kept == [_doc('He said, "this line ends with a quote."')]
-    assert counts["lines_no_terminal_punctuation"] == 1
-    assert counts["lines_too_few_words"] == 1
-    assert counts["lines_curly_bracket"] == 1
-    assert counts["lines_javascript"] == 1
-    assert counts["docs_in"] == counts["docs_out"] == 1
+def test_sentences_end_at_end_marks_but_not_after_abbreviations_or_initials() -> None:
+    text = 'Mr. Smith met Dr. J. Watson at 5 p.m. on Baker Street. "Who are you?" he asked. Nobody knew! A tail'
+    assert split_sentences(text) == [
+        "Mr. Smith met Dr. J. Watson at 5 p.m. on Baker Street.",
+        '"Who are you?"',  # Punkt ends a sentence at ? and ! before any word, as here
+        "he asked.",
+        "Nobody knew!",
+        "A tail",  # text after the last end mark is a sentence, as Punkt counts it
+    ]
+    assert split_sentences("Version 2.5 is out. It fixes e.g. the loader.") == [
+        "Version 2.5 is out.",
+        "It fixes e.g. the loader.",
+    ]
+    assert split_sentences("   ") == []
+    assert count_sentences("One line. Two sentences.\nA third one!\n\n") == 3
 
 
-def test_document_rules() -> None:
-    lorem = _doc("Lorem ipsum dolor sit amet, consectetur adipiscing elit.")
-    short = "\n".join(GOOD[:4])  # 4 sentences < 5
-    kept, counts = clean_documents([lorem, short, _doc()])
-    assert kept == [_doc()]
-    assert counts["docs_lorem_ipsum"] == 1
-    assert counts["docs_too_few_sentences"] == 1
-    assert (counts["docs_in"], counts["docs_out"]) == (3, 1)
+def test_no_three_sentence_span_occurs_twice_in_the_kept_text() -> None:
+    """Pages drawn from a pool of 12 sentences repeat spans often; after deduplication every window of three
+    consecutive kept sentences is unique across the whole output, and a page with no repeated span is untouched."""
+    pool = [f"Sentence number {i} says something about topic {i}." for i in range(12)]
+    rng = random.Random(0)
+    pages = ["\n".join(rng.choice(pool) for _ in range(rng.randint(3, 9))) for _ in range(300)]
+    dedup = Deduplicator("spans")
+    windows: list[tuple[str, ...]] = []
+    kept_pages = 0
+    for text in pages:
+        lines, removed = dedup.dedup(text.split("\n"))
+        sentences = [s for line in lines for s in split_sentences(line)]
+        assert removed == count_sentences(text) - len(sentences)
+        if len(sentences) >= 3:
+            dedup.keep()
+            kept_pages += 1
+            windows += [tuple(sentences[j : j + 3]) for j in range(len(sentences) - 2)]
+    assert len(windows) == len(set(windows)) > 50 and kept_pages > 20
+    fresh = Deduplicator("spans")
+    assert fresh.dedup(pool[:6]) == (pool[:6], 0)
 
 
-def test_sentence_count_after_line_filtering_decides() -> None:
-    # Five sentences, but two are on lines without terminal punctuation → three remain → dropped.
-    doc = "\n".join(GOOD[:3] + ["One more sentence. And another one here", "Trailing words without end"])
-    assert count_sentences(doc) == 4
-    kept, counts = clean_documents([doc], CleanConfig(min_sentences=4))
-    assert kept == [] and counts["docs_too_few_sentences"] == 1
+def test_dedup_off_and_bad_settings() -> None:
+    page = "\n".join(f"Line {i} of the page says the same thing again." for i in range(5))
+    cleaner = Cleaner(CleanConfig(english=False, bad_words=False, dedup="none"))
+    assert cleaner.clean(page) == cleaner.clean(page) == page
+    assert "sentences_duplicate" not in cleaner.counts and cleaner.counts["docs_out"] == 2
+    with pytest.raises(ValueError, match="dedup unit must be"):
+        Deduplicator("pages")  # type: ignore[arg-type]
 
 
-def test_exact_duplicates_removed_whitespace_insensitive() -> None:
-    a = _doc()
-    b = a.replace(" ", "  ") + "\n\n"
-    kept, counts = clean_documents([a, b, a])
-    assert kept == [a]
-    assert counts["docs_exact_duplicate"] == 2
-
-
-def test_near_duplicate_caught_distinct_kept() -> None:
+def test_minhash_similarity_tracks_jaccard() -> None:
+    hasher = MinHasher(num_perm=128, shingle_words=5, seed=0)
     words = _words(400, seed=1)
     edited = list(words)
     for i in (50, 150, 250, 350):  # four single-word edits
         edited[i] = "changed"
-    index = NearDuplicateIndex()
-    assert index.similarity(" ".join(words), " ".join(edited)) > 0.8
-    assert index.add_if_new(" ".join(words))
-    assert not index.add_if_new(" ".join(edited))
-    for seed in range(2, 12):  # unrelated texts of the same vocabulary are all kept
-        assert index.add_if_new(" ".join(_words(400, seed)))
-    assert len(index.sigs) == 11
-
-
-def test_near_duplicate_rule_in_clean_documents() -> None:
-    def as_doc(words: list[str]) -> str:
-        return "\n".join(" ".join(words[i : i + 20]) + "." for i in range(0, len(words), 20))
-
-    base = _words(300, seed=7)
-    edited = base[:100] + ["different"] + base[101:]
-    other = _words(300, seed=8)
-    kept, counts = clean_documents([as_doc(base), as_doc(edited), as_doc(other)])
-    assert kept == [as_doc(base), as_doc(other)]
-    assert counts["docs_near_duplicate"] == 1
-    assert counts["docs_exact_duplicate"] == 0
-
-
-def test_minhash_similarity_tracks_jaccard() -> None:
-    # Halves share no shingles → similarity near 0; identical → exactly 1.
-    index = NearDuplicateIndex()
     a, b = " ".join(_words(300, 21)), " ".join(_words(300, 22))
-    assert index.similarity(a, a) == 1.0
-    assert index.similarity(a, b) < 0.1
+    assert hasher.similarity(" ".join(words), " ".join(edited)) > 0.8
+    assert hasher.similarity(a, a) == 1.0
+    assert hasher.similarity(a, b) < 0.1
 
 
 def test_word_ngrams_lowercase_words_only() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_prepare import DOCS, HFStandIn
+from test_data_prepare import DOCS, HFStandIn, needs_clean_extra
 
 from lmforge.data import prepare
 from lmforge.data.clean import word_ngrams
@@ -92,6 +92,7 @@ def test_n_is_settable_and_a_plain_prepare_records_none(tmp_path: Path, tok: HFS
     assert "decontamination" not in meta
 
 
+@needs_clean_extra
 def test_composes_with_cleaning(tmp_path: Path, tok: HFStandIn) -> None:
     sset = _labelled_dir(tmp_path / "tiny")
     good = "\n".join(f"Line {i} tells of {w} and of nothing else at all." for i, w in enumerate("abcdef"))
