@@ -4,13 +4,13 @@ sentences (grammatical minimal pairs: eval/minimal_pairs.py) and the pseudo-bits
 
 - Decoders (`CausalScorer`): the sum of log P(token | the tokens before it), the first token predicted after BOS
   (EOS where the tokenizer has no BOS, as GPT-2's <|endoftext|>), no EOS scored at the end: lm-evaluation-harness's
-  `loglikelihood_rolling`, and its BLiMP task (an empty context, the sentence as the continuation) as BabyLM's 2023
-  pipeline ran it for OPT. A text longer than the context is scored in the harness's rolling windows (`eval.lm`).
+  `loglikelihood_rolling`, and its BLiMP task (an empty context, which lm_eval 0.4 replaces with BOS or EOS, the
+  sentence as the continuation). A text longer than the context is scored in the harness's rolling windows.
 - Encoder-decoders (`Seq2SeqScorer`): the decoder's log-likelihood of the sentence followed by EOS, the decoder
   starting from `decoder_start_id`, given an empty input (the empty text as the tokenizer frames a text: T5 `</s>`,
   BART `<s></s>`). BabyLM's 2023 pipeline scored T5 so: the empty context became the EOS text, the sentence, with the
   EOS the T5 tokenizer appends, the decoder's labels.
-- Encoders (`PseudoLogLikelihood`): the pseudo-log-likelihood of Salazar et al. 2020 (§2.3), sum over the tokens of
+- Encoders (`PseudoLogLikelihood`): the pseudo-log-likelihood of Salazar et al. 2020, the sum over the tokens of
   log P(token | every other token), each token masked in turn in `[CLS] sentence [SEP]` (the specials unmasked and
   unscored), as minicons' MLM scorer and BabyLM's pipelines do. All masked copies of a sentence go through one
   forward pass and only the masked positions reach the LM head. A text longer than max_seq_len - 2 tokens is cut
