@@ -245,11 +245,6 @@ def test_a_page_with_a_word_of_cs_ldnoobw_list_is_dropped() -> None:
     assert counts["docs_bad_words"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="data/prepare.py's second pass re-applies clean_lines only; it must run a fresh Cleaner over the kept "
-    "documents for the span removal to reach the shards",
-)
 def test_prepare_writes_the_deduplicated_text(tmp_path) -> None:
     import json
 

@@ -13,6 +13,7 @@ replaced-byte count, tokenizer fingerprint and sources.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -26,7 +27,7 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from lmforge.data.clean import RULES, CleanConfig, Cleaner, clean_lines
+from lmforge.data.clean import CleanConfig, Cleaner
 from lmforge.data.corpus import default_corpus_paths
 from lmforge.data.decontaminate import Decontaminator
 from lmforge.data.prepare_lock import PrepareLock, remove_stale_locks
@@ -175,20 +176,23 @@ class _Survey:
 
 def _chunks(inputs: Sequence, text_field: str, kept: bytearray | None, cfg: CleanConfig | None, clean: bool = True,
             decon: Decontaminator | None = None) -> Iterator[list[str]]:  # fmt: skip
-    """The second pass: the documents again, decontaminated and cleaned as the first pass did (the paragraph filter
-    and the line rules are functions of the document; the first pass decided which documents stay), in lists of
-    about `_CHUNK_CHARS` characters."""
+    """The second pass: the documents again, decontaminated and cleaned as the first pass did, in lists of about
+    `_CHUNK_CHARS` characters. The first pass decided which documents stay; a fresh Cleaner over only those, in
+    order, gives the first pass's texts (its span deduplication included). The English and bad-words filters only
+    drop pages, so it skips them."""
     chunk: list[str] = []
     size = 0
-    scratch = dict.fromkeys(RULES, 0)  # the first pass counted already
+    cleaner = None
+    if clean and kept is not None:
+        cleaner = Cleaner(dataclasses.replace(cfg or CleanConfig(), english=False, bad_words=False))
     for i, doc in enumerate(read_documents(inputs, text_field)):
         if kept is not None:
             if kept[i] == _DROPPED:
                 continue
             if kept[i] == _TRIMMED:
                 doc = decon.apply(doc)[0]  # type: ignore[union-attr,assignment]
-            if clean:
-                doc = clean_lines(doc, cfg or CleanConfig(), scratch)
+            if cleaner is not None:
+                doc = cleaner.clean(doc)  # type: ignore[assignment]
         chunk.append(doc)
         size += len(doc)
         if size >= _CHUNK_CHARS:
