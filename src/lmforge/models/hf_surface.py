@@ -6,7 +6,8 @@ beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (wr
 read back by `models/pretrained.py`, which `lmforge.load` reads through too), and the loss of `labels=` is the LM
 head's cross-entropy the objectives use (`lm_head.py`). The model's own forward stays loss-free: the loss is added
 here, after it, only when labels are given. Nothing here reaches above models/: a fine-tuned run, whose task head
-lives in tasks/, is read with `lmforge.load`."""
+lives in tasks/, is read with `lmforge.load`. The training habits (`generation_config`, `resize_token_embeddings`,
+activation checkpointing) are `hf_training.py`'s."""
 
 from __future__ import annotations
 
@@ -22,14 +23,21 @@ from torch import Tensor
 from lmforge.checkpoint_write import write_failure, write_model_files
 from lmforge.checkpoints import MANIFEST_FILE, is_finetuned
 from lmforge.errors import LMForgeError
+from lmforge.models.hf_training import (
+    IGNORE_INDEX,
+    HFTrainingSurface,
+    generate_options,
+    read_generation_config,
+    shift_right,
+)
 from lmforge.models.lm_head import cross_entropy
 
-IGNORE_INDEX = -100
-"""Label value that takes no part in the loss (Hugging Face's and PyTorch's convention)."""
+__all__ = ["IGNORE_INDEX", "HFOutputMixin", "HFSurface", "labels_loss", "shift_right"]
 
 _GENERATE_ARGS = (
     "input_ids, attention_mask, max_new_tokens, max_length, do_sample, temperature, top_k, top_p, num_beams, "
-    "length_penalty, eos_token_id, pad_token_id, num_return_sequences, generator, compile, use_cache"
+    "length_penalty, eos_token_id, pad_token_id, num_return_sequences, generation_config, generator, compile, "
+    "use_cache"
 )
 
 
@@ -77,14 +85,6 @@ class HFOutputMixin:
                 raise KeyError(f"{key!r} is not set in this output (set: {', '.join(fields) or 'none'})")
             return fields[key]
         return self.to_tuple()[key]
-
-
-def shift_right(labels: Tensor, start_id: int, pad_id: int) -> Tensor:
-    """Decoder inputs (B, T) from decoder labels (B, T): the start token, then the labels but the last, with
-    ignored positions (-100) as padding (HF T5/BART `shift_tokens_right`)."""
-    start = labels.new_full((labels.shape[0], 1), start_id)
-    shifted = torch.cat([start, labels[:, :-1]], dim=1)
-    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_id)
 
 
 def labels_loss(model, out, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
@@ -143,8 +143,8 @@ def _pad_after_eos(out: Tensor, start: int, eos_id: int | None, pad_id: int | No
     return torch.cat([out[:, :start], new.masked_fill(after, pad_id)], dim=1)
 
 
-class HFSurface:
-    """Hugging Face-shaped methods of `Transformer` (mixed into it); see the module docstring."""
+class HFSurface(HFTrainingSurface):
+    """Hugging Face-shaped methods of `Transformer` (mixed into it); see the module docstring and hf_training.py's."""
 
     main_input_name = "input_ids"
     accepts_loss_kwargs = True
@@ -199,15 +199,16 @@ class HFSurface:
         *,
         max_new_tokens: int | None = None,
         max_length: int | None = None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
-        num_beams: int = 1,
-        length_penalty: float = 1.0,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
-        num_return_sequences: int = 1,
+        num_return_sequences: int | None = None,
+        generation_config=None,
         generator: torch.Generator | None = None,
         compile: bool = False,
         use_cache: bool = True,
@@ -216,39 +217,47 @@ class HFSurface:
         """Generate as `transformers`' `model.generate` does, through `lmforge.models.generate.generate`.
 
         Decoders take left-padded prompts and return prompt + continuation (B, T + n); encoder-decoders take the
-        source and return the decoder sequence from its start token (B, 1 + n). Greedy unless do_sample (then
-        temperature / top_k / top_p; no top-k filter unless asked: there is no generation config), beam search when
-        num_beams > 1. After a row's EOS come pad_token_id (when given) or EOS. use_cache is accepted either way
-        (decoding always caches; the tokens are the same). Other `transformers` options are refused in one line."""
+        source and return the decoder sequence from its start token (B, 1 + n). An option not passed comes from
+        `generation_config` (this call's, else the model's: its eos / pad ids, num_beams, ...), else greedy decoding
+        of max_length 20 with no top-k filter. do_sample uses temperature / top_k / top_p; num_beams > 1 runs beam
+        search. After a row's EOS come pad_token_id (when set) or EOS. use_cache is accepted either way (decoding
+        always caches; the tokens are the same). Other `transformers` options are refused in one line."""
         if unsupported:
             raise _one_line_kwargs("generate()", unsupported, _GENERATE_ARGS)
         if input_ids is None:
             raise LMForgeError("generate() needs input_ids (a (batch, length) tensor of prompt token ids)")
+        passed = dict(
+            max_new_tokens=max_new_tokens, max_length=max_length, do_sample=do_sample, temperature=temperature,
+            top_k=top_k, top_p=top_p, num_beams=num_beams, length_penalty=length_penalty, eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id, num_return_sequences=num_return_sequences,
+        )  # fmt: skip
+        o = generate_options(self, passed, generation_config)
+        do_sample, temperature, n_return = o["do_sample"], o["temperature"], o["num_return_sequences"]
         if do_sample and temperature <= 0:
             raise LMForgeError(f"do_sample=True needs temperature > 0, got {temperature} (greedy: do_sample=False)")
-        if do_sample and num_beams > 1:
+        if do_sample and o["num_beams"] > 1:
             raise LMForgeError("do_sample=True with num_beams > 1 (beam sampling) is not supported: pick one")
-        if num_return_sequences != 1:
-            if not do_sample or num_return_sequences < 1:
+        if n_return != 1:
+            if not do_sample or n_return < 1:
                 raise LMForgeError(
-                    f"num_return_sequences={num_return_sequences} needs do_sample=True and a value >= 1 "
+                    f"num_return_sequences={n_return} needs do_sample=True and a value >= 1 "
                     "(greedy and beam search return one sequence per prompt)"
                 )
-            input_ids = input_ids.repeat_interleave(num_return_sequences, dim=0)
+            input_ids = input_ids.repeat_interleave(n_return, dim=0)
             if attention_mask is not None:
-                attention_mask = attention_mask.repeat_interleave(num_return_sequences, dim=0)
+                attention_mask = attention_mask.repeat_interleave(n_return, dim=0)
         from lmforge.models.generate import generate  # generate.py imports this module's Transformer
 
-        eos = _eos_id(eos_token_id)
+        eos = _eos_id(o["eos_token_id"])
         out = generate(
             self, input_ids, attention_mask,
-            max_new_tokens=_max_new_tokens(self.config, input_ids, max_new_tokens, max_length),  # type: ignore[attr-defined]
-            temperature=temperature if do_sample else 0.0, top_k=top_k if do_sample else None,
-            top_p=top_p if do_sample else None, eos_id=eos, num_beams=num_beams, length_penalty=length_penalty,
-            generator=generator, compile=compile,
+            max_new_tokens=_max_new_tokens(self.config, input_ids, o["max_new_tokens"], o["max_length"]),  # type: ignore[attr-defined]
+            temperature=temperature if do_sample else 0.0, top_k=o["top_k"] if do_sample else None,
+            top_p=o["top_p"] if do_sample else None, eos_id=eos, num_beams=o["num_beams"],
+            length_penalty=o["length_penalty"], generator=generator, compile=compile,
         )  # fmt: skip
         start = 1 if self.config.is_encoder_decoder else input_ids.shape[1]  # type: ignore[attr-defined]
-        return _pad_after_eos(out, start, eos, pad_token_id)
+        return _pad_after_eos(out, start, eos, o["pad_token_id"])
 
     def save_pretrained(
         self,
@@ -289,8 +298,12 @@ class HFSurface:
                 raise LMForgeError("save_pretrained(format='hf') converts the model itself: state_dict= does not apply")
             from lmforge.models.hf import export_hf
 
-            return export_hf(self, out, tokenizer)
-        return _save_lmforge(self, out, tokenizer, state_dict)
+            export_hf(self, out, tokenizer)
+        else:
+            _save_lmforge(self, out, tokenizer, state_dict)
+        if "_generation_config" in self.__dict__:  # set or read: the values generate will use travel with the model
+            self.generation_config.save_pretrained(out)
+        return out
 
     @classmethod
     def from_pretrained(
@@ -325,6 +338,7 @@ class HFSurface:
         if not isinstance(model, cls):
             raise LMForgeError(f"{path} holds a {type(model).__name__}, not a {cls.__name__}")
         model = model.to(device).eval()
+        read_generation_config(model, c)
         return model if dtype is None else model.to(_dtype(dtype))
 
 
