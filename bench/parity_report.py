@@ -1,6 +1,9 @@
 """`bench/train_parity.py --report DIR`: every <family>-<impl>-seed<seed>.json of DIR merged into DIR/report.md (per
 family: each impl's final validation loss, mean over seeds and per seed, lmforge − reference, PASS when lmforge ≤
-reference + 0.01 nats) and one PNG of validation curves per family (DIR/parity-<family>.png)."""
+reference + 0.01 nats, with the 95% confidence interval of the seed-paired difference) and one PNG of validation
+curves per family (DIR/parity-<family>.png). Parity counts only between models that learned: each side's language
+model loss (ELECTRA's: its generator's masked LM) must end below the run's unigram plateau (`plateau` in the JSON,
+lmforge.eval.plateau), else the verdict says the comparison does not count."""
 
 from __future__ import annotations
 
@@ -13,6 +16,10 @@ from lmforge.errors import LMForgeError
 
 TOLERANCE = 0.01
 """lmforge passes when its final validation loss is at most the reference's + this many nats (mean over seeds)."""
+LEARNED = 0.05
+"""Nats below the plateau a side's final LM loss must reach for its comparison to count."""
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond)."""
 
 
 def load_results(directory: Path) -> dict[str, dict[str, dict[int, dict]]]:
@@ -33,6 +40,26 @@ def load_results(directory: Path) -> dict[str, dict[str, dict[int, dict]]]:
 
 def final_val(r: dict) -> float:
     return r["val"][-1][1]
+
+
+def lm_loss(r: dict) -> float:
+    """Final validation loss of the run's language model: the whole loss, or ELECTRA's generator MLM part."""
+    return r["val_metrics"][-1][1].get("mlm_loss", final_val(r)) if r.get("val_metrics") else final_val(r)
+
+
+def paired_ci(a: dict[int, dict], b: dict[int, dict]) -> str:
+    """'± h' of the 95% interval of mean(a − b) over the seeds both ran (same batches, so paired)."""
+    d = [final_val(a[s]) - final_val(b[s]) for s in sorted(a.keys() & b.keys())]
+    if len(d) < 2:
+        return "no interval (one seed)"
+    h = T95.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
+    return f"95% CI ± {h:.4f} over {len(d)} paired seeds"
+
+
+def below_plateau(rs: dict[int, dict]) -> float | None:
+    """How far the mean LM loss of one impl's seeds ends below the plateau (None when no run recorded one)."""
+    floors = [r["plateau"] for r in rs.values() if r.get("plateau") is not None]
+    return statistics.mean(floors) - statistics.mean(lm_loss(r) for r in rs.values()) if floors else None
 
 
 def batches_agree(runs: dict[str, dict[int, dict]], seed: int) -> str:
@@ -68,7 +95,15 @@ def family_table(family: str, runs: dict[str, dict[int, dict]]) -> list[str]:
         for ref in (i for i in impls if i != "lmforge"):
             diff = means["lmforge"] - means[ref]
             verdict = "PASS" if diff <= TOLERANCE else "FAIL"
-            lines.append(f"- lmforge − {ref}: {diff:+.4f} nats → **{verdict}** (lmforge ≤ {ref} + {TOLERANCE})")
+            below = {i: below_plateau(runs[i]) for i in ("lmforge", ref)}
+            if any(v is not None and v < LEARNED for v in below.values()):
+                verdict += ", does not count: a side ends at the unigram plateau"
+            lines.append(f"- lmforge − {ref}: {diff:+.4f} nats ({paired_ci(runs['lmforge'], runs[ref])}) → "
+                         f"**{verdict}** (lmforge ≤ {ref} + {TOLERANCE})")  # fmt: skip
+        if all(below_plateau(runs[i]) is not None for i in impls):
+            floor = statistics.mean(r["plateau"] for rs in runs.values() for r in rs.values())
+            lines.append(f"- unigram plateau of these targets {floor:.4f}; LM loss below it: "
+                         + ", ".join(f"{i} {below_plateau(runs[i]):.3f}" for i in impls))
     lines.append("- same batches on every impl: " + ", ".join(f"seed {s}: {batches_agree(runs, s)}" for s in seeds))
     skipped = {impl: sum(r["skipped_steps"] for r in rs.values()) for impl, rs in runs.items()}
     if any(skipped.values()):

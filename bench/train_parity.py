@@ -61,6 +61,7 @@ sys.path.append(str(_HERE.parent / "src"))
 from parity_refs import n_weights, reference  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
+from lmforge.eval.plateau import plateau  # noqa: E402
 from lmforge.train.pretrain_config import Config, load_config, to_dict  # noqa: E402
 
 IMPLS = ("lmforge", "hf", "nanogpt", "nanot5")
@@ -342,6 +343,16 @@ def environment(device: torch.device) -> dict:
             "device": str(device), "device_name": name}  # fmt: skip
 
 
+def prepare(family: str, args: argparse.Namespace) -> str:
+    """Prepare one family's tokenizer and data; a line naming them and the unigram plateau of its validation."""
+    from lmforge.objectives import OBJECTIVES
+
+    cfg = family_config(family, args, args.seeds[0])
+    tokenizer, data_dir = shared_data(cfg, args.out)
+    val = val_batches(cfg, OBJECTIVES.get(cfg.objective.name)(cfg, tokenizer), data_dir, torch.device("cpu"))
+    return f"{family}: data in {data_dir}; unigram plateau of its validation {plateau(val, tokenizer, data_dir):.4f}"
+
+
 def run_one(family: str, impl: str, seed: int, args: argparse.Namespace) -> Path:
     """Train one (family, impl, seed) and write OUT/<family>-<impl>-seed<seed>.json."""
     from lmforge.objectives import OBJECTIVES
@@ -358,6 +369,7 @@ def run_one(family: str, impl: str, seed: int, args: argparse.Namespace) -> Path
     stats = init_stats(model)
     print(f"{family} {impl} seed {seed}: {cls}, {stats['n_params'] / 1e6:.2f}M parameters, {device}", file=sys.stderr)
     val = val_batches(cfg, objective, data_dir, device)
+    floor = plateau(val, tokenizer, data_dir)
     batches = train_batches(cfg, objective, data_dir, args.overfit)
     try:
         rec = train(model, loss_fn, cfg, batches, val, device)
@@ -365,7 +377,7 @@ def run_one(family: str, impl: str, seed: int, args: argparse.Namespace) -> Path
         if hasattr(batches, "close"):
             batches.close()
     result = {"family": family, "impl": impl, "seed": seed, "model_class": cls, **stats, **rec,
-              "val_hash": batch_hash({f"{i}.{k}": v for i, b in enumerate(val) for k, v in b.items()}),
+              "plateau": floor, "val_hash": batch_hash({f"{i}.{k}": v for i, b in enumerate(val) for k, v in b.items()}),
               "wall_s": time.perf_counter() - began, "compile": cfg.train.compile, "precision": cfg.train.precision,
               "overfit": args.overfit, "data_dir": str(data_dir), "env": environment(device),
               "config": to_dict(cfg)}  # fmt: skip
@@ -434,8 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         for family in args.family:
             if args.prepare_only:
-                cfg = family_config(family, args, args.seeds[0])
-                print(f"{family}: data in {shared_data(cfg, args.out)[1]}", file=sys.stderr)
+                print(prepare(family, args), file=sys.stderr)
                 continue
             wrong = [i for i in args.impls if i != "lmforge" and i not in FAMILIES[family].refs]
             if wrong:

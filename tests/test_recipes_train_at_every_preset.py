@@ -11,14 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
 from training_testing import restore_torch_globals, run_main
 
-from lmforge.data import load_default_corpus, read_meta
-from lmforge.data.loader import open_tokens, take_rows
+from lmforge.data import load_default_corpus
+from lmforge.data.loader import take_rows
+from lmforge.eval.plateau import plateau
 from lmforge.models.presets import PRETRAIN_DEFAULTS, get_preset
 from lmforge.train.pretrain_config import load_config
 from lmforge.train.pretrain_resolve import pretrain_config
@@ -153,41 +153,12 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
-def unigram_log_probs(data_dir: Path) -> torch.Tensor:
-    """(V,) log-probabilities of the add-one-smoothed unigram model fit on the train split: the model whose
-    validation cross-entropy the run's report prints as its unigram baseline (`unigram_cross_entropy`)."""
-    meta = read_meta(data_dir)
-    counts = np.bincount(open_tokens(data_dir, "train", meta), minlength=meta["vocab_size"]) + 1.0
-    return torch.from_numpy(np.log(counts) - np.log(counts.sum()))
-
-
-def context_free_floor(rows: list[torch.Tensor], log_u: torch.Tensor, special: torch.Tensor) -> float:
-    """Cross-entropy (nats/target) of the best predictor of these targets that reads no context: a text token
-    costs its unigram surprisal, and a special token (T5's sentinels, an end-of-sequence) costs the surprisal of the
-    structure, P(special | text tokens since the last one), taken from these targets themselves (so it is lower than
-    any structure model learnt elsewhere). The unigram plateau of each objective: a masked LM's targets are all text,
-    BART's almost all; T5's are a quarter structure, which a model predicts without reading the input."""
-    states = []
-    for row in rows:  # (L,) the scored targets of one row, in order
-        i = torch.arange(len(row))
-        last = torch.cummax(torch.where(torch.isin(row, special), i, -1), 0).values  # last special at or before i
-        since = i - torch.cat([torch.tensor([-1]), last[:-1]]) - 1  # text tokens since the last special before i
-        states.append(torch.where(i == 0, -1, since) + 1)  # 0: a row's first target
-    state, target = torch.cat(states), torch.cat(rows)
-    sp = torch.isin(target, special)
-    h = torch.bincount(state, weights=sp.double()) / torch.bincount(state).double()  # P(special | state)
-    p = torch.where(sp, h[state], (1 - h[state]) * log_u.exp()[target])
-    return float(-torch.log(p).mean())
-
-
 def lm_loss_and_floor(trainer) -> tuple[float, float]:
     """Validation loss of the objective's language model (BERT's and ELECTRA's masked LM; all of RoBERTa's, BART's
     and T5's) over the run's validation batches, and the context-free floor of the same targets."""
-    obj, model, tok = trainer.objective, trainer.raw_model, trainer.tokenizer
-    special = [tok.token_to_id(t) for t in tok.special_tokens.values()] + tok.sentinel_ids(tok.num_sentinels)
-    special = torch.tensor(sorted({i for i in special if i is not None}))
+    obj, model = trainer.objective, trainer.raw_model
     transform = getattr(obj, "eval_transform", obj.transform)
-    total, n, rows = 0.0, 0, []
+    total, n, batches = 0.0, 0, []
     model.eval()
     with torch.no_grad():
         for tokens, span in trainer.val_loader.eval_global(trainer.cfg.train.eval_batches):
@@ -197,8 +168,8 @@ def lm_loss_and_floor(trainer) -> tuple[float, float]:
             scored = int((labels != -100).sum())
             total += float(out.metrics.get("mlm_loss", out.loss)) * scored
             n += scored
-            rows += [row[row != -100] for row in labels]
-    return total / n, context_free_floor(rows, unigram_log_probs(trainer.data_dir), special)
+            batches.append(batch)
+    return total / n, plateau(batches, trainer.tokenizer, trainer.data_dir)
 
 
 def tiny_run(recipe: str, corpus: Path, run: Path, steps: int, *extra: dict) -> tuple[float, float]:

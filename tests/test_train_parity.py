@@ -42,6 +42,7 @@ def test_same_batches_own_init_and_report(family, parity_corpus, tmp_path):
         assert r["val_hash"] == lm["val_hash"], impl  # identical validation batches
         assert r["n_weights"] == lm["n_weights"], impl  # the same architecture...
         assert [s for s, _ in r["val"]] == [0, 2, 4]
+        assert r["plateau"] == lm["plateau"] and 0 < r["plateau"] < 20, impl  # the floor of the same targets
     for impl in impls[1:]:  # ...each from its own init: the initial weights (and so the first losses) differ
         assert runs[impl]["init_hash"] != lm["init_hash"]
         assert runs[impl]["val"][0][1] != lm["val"][0][1]
@@ -49,6 +50,8 @@ def test_same_batches_own_init_and_report(family, parity_corpus, tmp_path):
     tp.main(["--report", str(tmp_path)])
     report = (tmp_path / "report.md").read_text()
     assert f"### {family}" in report and "lmforge − hf:" in report and "seed 0: yes" in report
+    assert "does not count: a side ends at the unigram plateau" in report  # 4 steps learn no more than frequencies
+    assert "no interval (one seed)" in report
     png = tmp_path / f"parity-{family}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
