@@ -102,8 +102,10 @@ def family_table(family: str, runs: dict[str, dict[int, dict]]) -> list[str]:
                          f"**{verdict}** (lmforge ≤ {ref} + {TOLERANCE})")  # fmt: skip
         if all(below_plateau(runs[i]) is not None for i in impls):
             floor = statistics.mean(r["plateau"] for rs in runs.values() for r in rs.values())
-            lines.append(f"- unigram plateau of these targets {floor:.4f}; LM loss below it: "
-                         + ", ".join(f"{i} {below_plateau(runs[i]):.3f}" for i in impls))
+            lines.append(
+                f"- unigram plateau of these targets {floor:.4f}; LM loss below it: "
+                + ", ".join(f"{i} {below_plateau(runs[i]):.3f}" for i in impls)
+            )
     lines.append("- same batches on every impl: " + ", ".join(f"seed {s}: {batches_agree(runs, s)}" for s in seeds))
     skipped = {impl: sum(r["skipped_steps"] for r in rs.values()) for impl, rs in runs.items()}
     if any(skipped.values()):

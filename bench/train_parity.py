@@ -377,7 +377,8 @@ def run_one(family: str, impl: str, seed: int, args: argparse.Namespace) -> Path
         if hasattr(batches, "close"):
             batches.close()
     result = {"family": family, "impl": impl, "seed": seed, "model_class": cls, **stats, **rec,
-              "plateau": floor, "val_hash": batch_hash({f"{i}.{k}": v for i, b in enumerate(val) for k, v in b.items()}),
+              "plateau": floor,
+              "val_hash": batch_hash({f"{i}.{k}": v for i, b in enumerate(val) for k, v in b.items()}),
               "wall_s": time.perf_counter() - began, "compile": cfg.train.compile, "precision": cfg.train.precision,
               "overfit": args.overfit, "data_dir": str(data_dir), "env": environment(device),
               "config": to_dict(cfg)}  # fmt: skip
