@@ -55,17 +55,21 @@ class Draws:
 
     Dynamic (keys None): the batch source's generator (`objectives.rng`), so an example gets new masks each time
     it is seen and a resumed run replays exactly (the loop checkpoints that generator). Static: a counter-based
-    hash of each row's key and
-    the draw's position, so an example gets the same masks every epoch (RoBERTa §4.1's static masking) whatever
-    batch it lands in."""
+    hash of each row's key and the draw's position, so an example's masks depend only on its tokens, the seed and
+    the copy (BERT's create_pretraining_data masks each of its dupe_factor copies of the data its own way), whatever
+    batch or process it lands in."""
 
     def __init__(self, keys: np.ndarray | None = None) -> None:
         self.keys = keys
         self._stream = 0
 
     @classmethod
-    def static(cls, rows: Tensor, seed: int) -> Draws:
-        return cls(row_keys(rows, seed))
+    def static(cls, rows: Tensor, seed: int, copy: int = 0) -> Draws:
+        """The static draws of copy `copy` of each row (B, L); copy 0 is keyed by the row and seed alone."""
+        keys = row_keys(rows, seed)
+        if copy:
+            keys = _splitmix64(keys ^ _splitmix64(np.full(len(keys), copy, dtype=np.uint64)))
+        return cls(keys)
 
     def uniform(self, n_rows: int, width: int) -> Tensor:
         """(n_rows, width) float64 uniforms; successive calls give independent draws."""
@@ -75,6 +79,31 @@ class Draws:
         counter = np.arange(width, dtype=np.uint64) + np.uint64(self._stream) * np.uint64(1 << 32)
         h = _splitmix64(self.keys[:, None] ^ _splitmix64(counter)[None, :])  # (B, width)
         return torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+
+
+class EpochNoting:
+    """A training loader that notes the epoch of the batch it handed out last (`epoch_out`; 0 before the first):
+    static masks with dupe_factor copies mask a batch of epoch e with copy e mod dupe_factor. The epoch is the
+    loader's own — the same on every rank and restored on resume — so the copy depends neither on the number of
+    processes nor on where a run was resumed. Everything else (state, validation passes) is the wrapped loader's."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+        self.epoch_out = 0
+
+    def __iter__(self) -> EpochNoting:
+        return self
+
+    def __next__(self):
+        epoch = self.loader.epoch  # the loader rolls its epoch over after an epoch's last batch, not before
+        out = next(self.loader)
+        self.epoch_out = epoch
+        return out
+
+    def __getattr__(self, name: str):
+        if name == "loader":  # not set yet (a copy being built): no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
 
 # --- vocabulary tables ------------------------------------------------------------------------------------------

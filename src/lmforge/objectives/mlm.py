@@ -33,7 +33,12 @@ class MLMOptions:
     """Selection rate of the (static) validation masks; None = mask_rate. A run trained at a higher rate (30-40%:
     Wettig et al. 2023) is then scored on the same predictions as one trained at BERT's 15%."""
     static: bool = False
-    """Same masks for an example every epoch (BERT's duplicated static masks; RoBERTa §4.1) instead of new ones."""
+    """Static masks (RoBERTa §4.1's "static" arm): each example is masked in dupe_factor fixed ways, chosen in
+    advance as BERT's create_pretraining_data did, instead of anew every time it is seen."""
+    dupe_factor: int | None = None
+    """With static: the number of masked copies of each example (BERT's create_pretraining_data --dupe_factor);
+    epoch e uses copy e mod dupe_factor, so over 40 epochs each of 10 copies is seen 4 times, as in RoBERTa §4.1.
+    None = 10 (BERT's and RoBERTa's); 1 = one mask for the whole run."""
     whole_word: bool = False
     """Select whole words: all sub-word tokens of a word are predicted together."""
     ngram: int = 0
@@ -44,6 +49,26 @@ class MLMOptions:
         check_rates(self)
         if self.ngram < 0:
             raise LMForgeError(f"objective.ngram must be >= 0, got {self.ngram}")
+        if self.dupe_factor is not None:
+            if self.dupe_factor < 1:
+                raise LMForgeError(f"objective.dupe_factor must be >= 1, got {self.dupe_factor}")
+            if not self.static:
+                raise LMForgeError(
+                    "objective.dupe_factor counts the copies of static masks: set objective.static=true with it"
+                )
+
+
+BERT_DUPE_FACTOR = 10
+"""create_pretraining_data.py's default --dupe_factor, the copies behind RoBERTa §4.1's static masks."""
+
+
+def static_copies(o) -> int:
+    """How many masked copies of each example a run's static masks have: 0 for dynamic masks."""
+    if not getattr(o, "static", False):
+        return 0
+    if not hasattr(o, "dupe_factor"):  # objectives whose options have no dupe_factor: one mask per example
+        return 1
+    return BERT_DUPE_FACTOR if o.dupe_factor is None else o.dupe_factor
 
 
 def check_rates(o) -> None:
@@ -83,6 +108,22 @@ class MaskedObjective(Objective):
         self.random_ids = torch.nonzero(~special).flatten()  # (V',) ids a random replacement is drawn from
         self.word_table = M.word_start_table(tokenizer) if self._needs_words() else None
         self.seed = cfg.run.seed
+        self.copies = static_copies(self.options)
+        self.epochs: M.EpochNoting | None = None  # the training loader, where the copy follows its epoch
+        if self.copies > 1:
+            self.make_loader = self._noting_epochs(self.make_loader)
+
+    def _noting_epochs(self, make):
+        """`make_loader` whose training loader notes each batch's epoch for `transform` (static copies)."""
+
+        def make_loader(data_dir, split: str, **kw):
+            loader = make(data_dir, split, **kw)
+            if split != "train":
+                return loader
+            self.epochs = M.EpochNoting(loader)
+            return self.epochs
+
+        return make_loader
 
     def _needs_words(self) -> bool:
         return bool(getattr(self.options, "whole_word", False) or getattr(self.options, "ngram", 0))
@@ -98,9 +139,11 @@ class MaskedObjective(Objective):
 
     def transform(self, tokens) -> dict[str, Tensor]:
         batch = self.inputs(tokens)
-        static = bool(getattr(self.options, "static", False))
-        draws = M.Draws.static(batch["input_ids"], self.seed) if static else M.Draws()
-        return self.mask(batch, draws)
+        if not self.copies:
+            return self.mask(batch, M.Draws())
+        # BERT's duplicated data: each epoch the next copy; batches made outside a training loader use copy 0.
+        copy = (self.epochs.epoch_out if self.epochs is not None else 0) % self.copies
+        return self.mask(batch, M.Draws.static(batch["input_ids"], self.seed, copy))
 
     def eval_transform(self, tokens) -> dict[str, Tensor]:
         """Validation batches get static masks, so every evaluation scores the same predictions (at
