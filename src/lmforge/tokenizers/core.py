@@ -11,6 +11,7 @@ import tokenizers
 from lmforge.errors import LMForgeError
 from lmforge.files import loads_json
 from lmforge.tokenizers.hf_call import HFTokenizerMixin
+from lmforge.tokenizers.hf_fast import read_context
 from lmforge.tokenizers.specials import FAMILIES, KINDS, ROLES, SPECS, infer_family, sentinel_token
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -188,7 +189,8 @@ class Tokenizer(HFTokenizerMixin):
         """Load from a directory written by ``save`` or from a ``tokenizer.json`` file.
 
         Without ``lmforge_tokenizer.json`` next to it (e.g. a Hugging Face tokenizer), the family and
-        special-token roles are inferred from the tokens in the vocabulary.
+        special-token roles are inferred from the tokens in the vocabulary. A tokenizer_config.json or an lmforge
+        config.yaml beside it gives model_max_length, the chat template and the padding side (`set_context`).
         """
         path = Path(path)
         file = path / TOKENIZER_FILE if path.is_dir() else path
@@ -215,6 +217,7 @@ class Tokenizer(HFTokenizerMixin):
             roles = _roles_for(family, backend)
         tok = cls(backend, roles, family)
         tok.training = training if isinstance(training, dict) else None
+        tok.set_context(read_context(file.parent))  # model_max_length, chat template: the model's beside it
         return tok
 
 

@@ -1,7 +1,14 @@
 """The Hugging Face-shaped surface of lmforge's `Tokenizer`: `tok(texts, padding=..., truncation=...,
 return_tensors="pt")` returning input ids and attention masks, `batch_decode`, the `*_token_id` names and
 `save_pretrained` / `from_pretrained`. Padding and truncation are the wrapped `tokenizers` backend's own, as in a
-`transformers` fast tokenizer, so ids and masks match one built on the same tokenizer.json."""
+`transformers` fast tokenizer, so ids and masks match one built on the same tokenizer.json.
+
+`to_transformers()` is the tokenizer as a `transformers.PreTrainedTokenizerFast` (tokenizers/hf_fast.py), and what
+`transformers`' data collators and chat code call besides (`pad`, `get_special_tokens_mask`,
+`convert_tokens_to_ids`, `apply_chat_template`, the `*_token` texts) is that tokenizer's, so the lmforge tokenizer
+itself goes into `DataCollatorForLanguageModeling(tok)`, `DataCollatorWithPadding(tok)` and
+`DataCollatorForSeq2Seq(tok)`. model_max_length (a checkpoint's: its model's max_seq_len) bounds truncation when no
+max_length is given."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LMForgeError
+from lmforge.tokenizers import hf_fast
 
 Padding = bool | Literal["longest", "max_length", "do_not_pad"]
 Truncation = bool | Literal["longest_first", "only_first", "only_second", "do_not_truncate"]
@@ -102,6 +110,8 @@ class HFTokenizerMixin:
     padding_side: Literal["left", "right"] = "right"
     """Where `tok(..., padding=True)` pads: right (training batches) or left (decoder prompts to generate from)."""
     truncation_side: Literal["left", "right"] = "right"
+    model_max_length: int | None = None
+    """The longest sequence the model takes (a checkpoint's max_seq_len); truncation=True alone cuts to it."""
 
     def __call__(
         self,
@@ -126,6 +136,8 @@ class HFTokenizerMixin:
             names = ", ".join(sorted(unsupported))
             raise LMForgeError(f"the tokenizer call does not support {names} (it takes: {_CALL_ARGS})")
         batch, single = _texts(text, text_pair)
+        if max_length is None and truncation not in (False, "do_not_truncate"):
+            max_length = self.model_max_length  # as transformers: truncation bounded by the model's context
         pad_to = _padding_strategy(padding, max_length)
         strategy = _truncation_strategy(truncation, max_length)
         side = padding_side or self.padding_side
@@ -211,8 +223,10 @@ class HFTokenizerMixin:
         return self.special_tokens.get("bos")  # type: ignore[attr-defined]
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> tuple[str, ...]:
-        """Write the tokenizer files into `save_directory` (`save`); the paths written, as `transformers` returns."""
+        """Write the tokenizer files into `save_directory` (`save`, plus the tokenizer_config.json that
+        `AutoTokenizer.from_pretrained` reads); the lmforge files written, as `transformers` returns its paths."""
         out = self.save(save_directory)  # type: ignore[attr-defined]
+        hf_fast.write_tokenizer_config(self, Path(out))
         return tuple(str(p) for p in sorted(Path(out).iterdir()) if p.name in self._FILES)  # type: ignore[attr-defined]
 
     @classmethod
@@ -226,3 +240,79 @@ class HFTokenizerMixin:
             best = path / "best"
             path = best if (best / "tokenizer.json").is_file() else latest_checkpoint(path)
         return cls.load(path)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------ as a transformers tokenizer (hf_fast.py)
+    @property
+    def chat_template(self) -> str | None:
+        """Jinja chat template of `apply_chat_template`: lmforge's chat format (hf_fast.CHAT_TEMPLATE) for a
+        decoder's tokenizer (a decoder checkpoint's, or a GPT / Llama family's), else None until set."""
+        if "_chat_template" in self.__dict__:
+            return self.__dict__["_chat_template"]
+        return hf_fast.CHAT_TEMPLATE if self.family in hf_fast.DECODER_FAMILIES else None  # type: ignore[attr-defined]
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self.__dict__["_chat_template"] = template
+
+    def set_context(self, context: dict[str, Any]) -> None:
+        """Take model_max_length, chat_template and padding_side from `context` (hf_fast.read_context)."""
+        side = context.get("padding_side", self.padding_side)
+        if side not in ("left", "right"):
+            raise LMForgeError(f"padding_side must be 'left' or 'right', got {side!r}")
+        self.padding_side = side
+        self.model_max_length = context.get("model_max_length", self.model_max_length)
+        if "chat_template" in context:
+            self.chat_template = context["chat_template"]
+
+    def to_transformers(self):
+        """This tokenizer as a `transformers.PreTrainedTokenizerFast` (special tokens, model_max_length, padding
+        side, chat template); the same object until one of those or the vocabulary changes."""
+        key = (
+            self.vocab_size, tuple(sorted(self.special_tokens.items())), self.padding_side,  # type: ignore[attr-defined]
+            self.truncation_side, self.model_max_length, self.chat_template,
+        )  # fmt: skip
+        cached = self.__dict__.get("_hf_fast")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_hf_fast"] = (key, hf_fast.to_transformers(self))
+        return cached[1]
+
+    def pad(self, *args: Any, **kwargs: Any):
+        """Pad encoded examples into a batch, as `transformers`' `tokenizer.pad` (collators call it)."""
+        return self.to_transformers().pad(*args, **kwargs)
+
+    def get_special_tokens_mask(self, *args: Any, **kwargs: Any) -> list[int]:
+        return self.to_transformers().get_special_tokens_mask(*args, **kwargs)
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]):
+        return self.to_transformers().convert_tokens_to_ids(tokens)
+
+    def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
+        return self.to_transformers().convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, conversation, **kwargs: Any):
+        """Render (and by default tokenize) a conversation with `chat_template`, as `transformers` does."""
+        return self.to_transformers().apply_chat_template(conversation, **kwargs)
+
+    @property
+    def is_fast(self) -> bool:
+        return True  # a Rust `tokenizers` backend, offsets included
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return self.to_transformers().all_special_ids
+
+    @property
+    def mask_token(self) -> str | None:
+        return self.special_tokens.get("mask")  # type: ignore[attr-defined]
+
+    @property
+    def unk_token(self) -> str | None:
+        return self.special_tokens.get("unk")  # type: ignore[attr-defined]
+
+    @property
+    def cls_token(self) -> str | None:
+        return self.special_tokens.get("cls")  # type: ignore[attr-defined]
+
+    @property
+    def sep_token(self) -> str | None:
+        return self.special_tokens.get("sep")  # type: ignore[attr-defined]
