@@ -1,7 +1,12 @@
 """Hugging Face habits on lmforge models: `transformers.Trainer` resuming from a checkpoint and restoring the best one,
-`resize_token_embeddings`, activation (gradient) checkpointing and `generation_config`."""
+`resize_token_embeddings`, activation (gradient) checkpointing, `generation_config`, and a LoRA run's peft export
+that still loads once copied elsewhere."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,3 +244,34 @@ def _after_eos(out: torch.Tensor, eos: int) -> torch.Tensor:
     new = out[:, 9:] == eos
     after = new.int().cumsum(1) - new.int() > 0
     return torch.cat([torch.zeros_like(out[:, :9], dtype=torch.bool), after], dim=1)
+
+
+# ----------------------------------------------------------------------------- peft export, copied
+def test_a_copied_lora_export_loads_without_its_original(tmp_path, monkeypatch) -> None:
+    peft = pytest.importorskip("peft")
+    import lmforge
+    from lmforge.cli import main
+
+    run, export = tmp_path / "run", tmp_path / "export"
+    texts = ["a truly wonderful and delightful film", "dull, tedious and awful", "it was fine"]
+    lmforge.finetune("sst2-gpt", init="none", model={"preset": "gpt-tiny", "vocab_size": 300},
+                     train={"max_steps": 3, "lr": 3e-2}, run={"dir": str(run)},
+                     data={"max_train": 32, "max_eval": 8}, peft={"method": "lora", "rank": 4})  # fmt: skip
+    assert main(["convert", str(run), "--to", "hf", "--out", str(export)]) == 0
+    assert json.loads((export / "adapter_config.json").read_text())["base_model_name_or_path"] == "base"
+    auto_cls = transformers.AutoModelForSequenceClassification
+    enc = transformers.AutoTokenizer.from_pretrained(export)(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        base = auto_cls.from_pretrained(export / "base").eval()
+        plain = base(**enc).logits
+        tuned = peft.PeftModel.from_pretrained(base, export).eval()(**enc).logits
+    assert not torch.allclose(plain, tuned)  # the adapter changes the logits
+    copy = Path(shutil.copytree(export, tmp_path / "elsewhere" / "adapter"))
+    shutil.rmtree(export)  # nothing may point back at the original
+    monkeypatch.chdir(copy)  # peft resolves the base against the working directory
+    with torch.no_grad():
+        auto = peft.AutoPeftModelForSequenceClassification.from_pretrained(".").eval()
+        torch.testing.assert_close(auto(**enc).logits, tuned)
+        monkeypatch.chdir(tmp_path)  # anywhere else: the base named by its path
+        again = peft.PeftModel.from_pretrained(auto_cls.from_pretrained(copy / "base"), copy).eval()
+        torch.testing.assert_close(again(**enc).logits, tuned)

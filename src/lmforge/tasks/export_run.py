@@ -5,6 +5,11 @@ A full fine-tune (or top-k layers) is one HF model dir. A LoRA run is, by defaul
 model it applies to in `base/` (the pretrained weights, the task tokens' rows and the trained head); `merge=True`
 folds the LoRA into the weights and writes one plain model dir instead.
 
+The adapter names its base by the relative path "base", so the export dir can be copied or moved whole: peft's
+`AutoPeftModelFor*.from_pretrained` resolves that name against the working directory (not the adapter dir), so it
+loads from inside the export dir; from anywhere, `PeftModel.from_pretrained(AutoModelFor*.from_pretrained(
+f"{dir}/base"), dir)` does. An absolute path would tie the adapter to the machine and place it was written on.
+
 Our LoRA on a fused projection (qkv, cross-attention kv) is one rank-r pair; where HF keeps separate q/k/v layers
 it becomes one LoRA per layer sharing A, with B cut into the layers' rows: B_q A, B_k A, B_v A are the rows of B A,
 so the update is the same."""
@@ -78,7 +83,7 @@ def _export_peft(task, model: TaskModel, out: Path) -> str:
     base = unloaded(model)
     exported = task_to_hf(task, base)
     _write(exported, task, base, out / BASE_DIR)
-    adapter, weights = peft_adapter(model, base, exported, (out / BASE_DIR).resolve())
+    adapter, weights = peft_adapter(model, base, exported, Path(BASE_DIR))
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous().clone() for k, v in weights.items()}, str(out / ADAPTER_WEIGHTS),
@@ -131,7 +136,8 @@ def _lora_pairs(model: TaskModel, base: TaskModel, exported: HFTaskModel) -> tup
 
 def peft_adapter(model: TaskModel, base: TaskModel, exported: HFTaskModel, base_dir: Path) -> tuple[dict, StateDict]:
     """adapter_config.json and the adapter tensors (LoRA pairs + the head as modules_to_save) in peft's format;
-    `base` is `model` without its LoRA, `exported` the HF export of `base`."""
+    `base` is `model` without its LoRA, `exported` the HF export of `base`, `base_dir` the path the adapter names
+    its base by (relative to the adapter dir: see the module docstring)."""
     weights, targets, flags = _lora_pairs(model, base, exported)
     if not targets:
         raise LMForgeError("the run's LoRA adapts no layer of the exported model: export it with --merge")
@@ -150,7 +156,7 @@ def peft_adapter(model: TaskModel, base: TaskModel, exported: HFTaskModel, base_
                 weights[f"base_model.model.{k}"] = v
     config = {
         "peft_type": "LORA", "task_type": PEFT_TASK_TYPE.get(kind, _lm_task_type(model)),
-        "base_model_name_or_path": str(base_dir), "r": ranks.pop(), "lora_alpha": alphas.pop(),
+        "base_model_name_or_path": base_dir.as_posix(), "r": ranks.pop(), "lora_alpha": alphas.pop(),
         "lora_dropout": 0.0, "target_modules": targets, "fan_in_fan_out": flags.pop(), "bias": "none",
         "modules_to_save": saved or None, "inference_mode": True, "init_lora_weights": True,
         "use_rslora": False, "use_dora": False,
