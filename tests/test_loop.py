@@ -180,7 +180,7 @@ def test_a_step_reads_nothing_back_and_skips_nonfinite_updates_on_the_device(tmp
 
     assert not same(weights[0], weights[1]) and not same(weights[3], weights[4])  # steps 1 and 4 updated
     assert same(weights[1], weights[2]) and same(weights[2], weights[3])  # the NaN steps 2 and 3 did not
-    assert len(kept) == 2 and loop.streak == 0
+    assert len(kept) == 2 and loop.health.streak == 0
     skipped = [r for r in read_metrics(tmp_path) if r.get("skipped")]
     assert [r["step"] for r in skipped] == [2, 3]
 

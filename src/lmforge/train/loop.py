@@ -9,9 +9,7 @@ step reads them all at once, and a non-finite step is skipped by the optimizer i
 from __future__ import annotations
 
 import math
-import statistics
 import sys
-from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from lmforge.train import parallel
 from lmforge.train.budget import TimeBudget
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, barrier, broadcast_object
+from lmforge.train.health import Health, probe
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import BackgroundPlot, MetricsLogger, Progress, Throughput, plot_metrics
 from lmforge.train.optim import Schedule, build_optimizer
@@ -122,12 +121,8 @@ class Loop:
         )
         self.step = 0
         self.best: tuple[float, int] | None = None
-        self.streak, self.pre_streak_ckpt = 0, None  # consecutive non-finite steps; the last checkpoint before
-        # The newest checkpoint this process wrote or resumed from outside a streak: known good, unlike the newest
-        # on disk (a resume may have fallen back past a damaged one).
-        self.last_good: int | None = None
+        self.health = Health(cfg, dist, self.run_dir)
         self.last_data: dict[str, Tensor] | None = None  # the last micro-batch, for the probe of saved weights
-        self.recent: deque[float] = deque(maxlen=cfg.spike_window)
         self.pending = _Pending()
         self.grads_seen = False  # checked once, after this process's first backward
         self.parts: dict[str, Any] = {}
@@ -144,8 +139,7 @@ class Loop:
             "rng": self._gather(capture_rng_state()),
             "step": self.step,
             "best": list(self.best) if self.best else None,
-            "streak": self.streak,
-            "pre_streak_ckpt": self.pre_streak_ckpt,
+            **self.health.state(),
             **({"budget": {**self.budget.state_dict(), "total": self.total}} if self.budget is not None else {}),
         }
 
@@ -177,8 +171,7 @@ class Loop:
                 self.budget.load_state_dict(state["budget"])
                 self._set_total(int(state["budget"]["total"]))
             self.best = tuple(state["best"]) if state.get("best") else None
-            self.streak, self.pre_streak_ckpt = int(state.get("streak", 0)), state.get("pre_streak_ckpt")
-            self.last_good = self.pre_streak_ckpt if self.streak else self.step
+            self.health.restore(state, self.step)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             where = path / ckpt.TRAIN_STATE_FILE
             raise LMForgeError(f"{where} does not match this run: {type(e).__name__}: {e}") from e
@@ -274,58 +267,16 @@ class Loop:
         kept = []
         for step, lv, gn, bad in zip(p.steps, *values):
             if bad:
-                self._nonfinite(step, lv, gn, overflow=bad == 2.0 and math.isfinite(lv) and math.isfinite(gn))
+                overflow = bad == 2.0 and math.isfinite(lv) and math.isfinite(gn)
+                self.health.nonfinite(step, lv, gn, overflow, self.log, self._wait_for_saves)
                 continue
-            self.streak = 0
-            self._spike(step, lv)
+            self.health.finite(step, lv, self.log)
             kept.append(lv)
         return kept, values[1][-1]
 
-    def _nonfinite(self, step: int, loss: float, gnorm: float, overflow: bool = False) -> None:
-        if self.streak == 0:
-            self.pre_streak_ckpt = self.last_good
-        self.streak += 1
-        what = "loss" if not math.isfinite(loss) else "gradient norm"
-        value = loss if what == "loss" else gnorm
-        if overflow:  # loss and gradient were finite, the update was not: the step could not be skipped
-            what, value = "weights after the update", "overflow"
-        if self.dist.is_main:
-            skipped = "weights unusable from here" if overflow else "step skipped"
-            print(f"warning: step {step}: non-finite {what} ({value}), {skipped}", file=sys.stderr)
-            self.log.log(step, skipped=not overflow, nonfinite=what, loss=loss, grad_norm=gnorm)
-        if self.streak >= self.cfg.max_nonfinite:
-            raise LMForgeError(
-                f"stopping at step {step}: {self.streak} consecutive steps with a non-finite loss or gradient "
-                f"(train.max_nonfinite={self.cfg.max_nonfinite}); lower train.lr or check the data"
-                f"{self._set_aside()}"
-            )
-
-    def _set_aside(self) -> str:
-        """Move the checkpoints saved after the last good one into RUN/checkpoints/nonfinite/, so that `--resume`
-        continues from the good one → the end of the stop line, saying so."""
+    def _wait_for_saves(self) -> None:
         if self.sharded is not None:
-            self.sharded.wait()  # a save still being written publishes first
-        good = self.pre_streak_ckpt
-        moved = ckpt.set_aside(self.run_dir, good) if self.dist.is_main else []
-        barrier(self.dist)
-        aside = ""
-        if moved:
-            where = self.run_dir / ckpt.CHECKPOINTS_DIR / ckpt.NONFINITE_DIR
-            aside = f"; {len(moved)} checkpoint(s) saved after it ({', '.join(moved)}) are moved to {where}"
-        if good is None:
-            return f"{aside}; no checkpoint is known good, so --resume starts at step 0"
-        return f"; the last checkpoint before it is step_{good}, which --resume continues from{aside}"
-
-    def _spike(self, step: int, loss: float) -> None:
-        """Warn about (and log) a loss above spike_factor × the median of the recent losses."""
-        c = self.cfg
-        if c.spike_factor > 0 and len(self.recent) >= min(10, c.spike_window):
-            median = statistics.median(self.recent)
-            if median > 0 and loss > c.spike_factor * median and self.dist.is_main:
-                print(f"warning: step {step}: loss spike {loss:.4g} ({loss / median:.1f}× the recent median)",
-                      file=sys.stderr)  # fmt: skip
-                self.log.log(step, loss_spike=loss, recent_median=median)
-        self.recent.append(loss)
+            self.sharded.wait()
 
     def _log_train(self, losses: list[float], gnorm: float | None) -> None:
         if not losses:
@@ -382,31 +333,15 @@ class Loop:
             ckpt.write_checkpoint_dir(self.run_dir / ckpt.BEST_DIR, weights, config=config,
                                       tokenizer=saved.tokenizer, step=self.step)  # fmt: skip
 
-    def _probe(self) -> bool:
-        """Whether the weights about to be saved give a finite loss on the last training micro-batch (in eval mode,
-        no gradient, random state kept): finite weights can still be too large for a forward pass (an update at a
-        huge lr), and such a checkpoint must not count as good."""
-        if self.last_data is None:
-            return True
-        devices = [self.device] if self.device.type == "cuda" else []
-        self.model.eval()
-        try:
-            with torch.no_grad(), self.autocast, torch.random.fork_rng(devices=devices):
-                bad = (~torch.isfinite(self.loss_fn(self.model, self.last_data).loss.float())).float()
-        finally:
-            self.model.train()
-        if self.dist.enabled:
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        return not bool(bad.item())
-
     def save(self) -> None:
-        good = not self.streak and self._probe()
-        if not good and not self.streak and self.dist.is_main:
+        streak = self.health.streak
+        good = not streak and probe(self.model, self.loss_fn, self.last_data, self.device, self.autocast, self.dist)
+        if not good and not streak and self.dist.is_main:
             print(f"warning: step {self.step}: the weights saved as step_{self.step} give a non-finite loss; "
                   "not counted as a good checkpoint", file=sys.stderr)  # fmt: skip
         state = self.train_state()  # every rank takes part in gathering loader and RNG states
         # Rotation never evicts the last good checkpoint while the one written now is not good.
-        protect = (self.last_good,) if not good and self.last_good is not None else ()
+        protect = self.health.protect(good)
         if self.sharded is not None:  # every rank writes its shards (train/dcp.py)
             del state["optimizer"]
             saved, step = self.spec.saved(), self.step  # with async_save, on_partial fires later, in the writer
@@ -415,7 +350,7 @@ class Loop:
                 tokenizer=saved.tokenizer, train_state=state, keep_last=self.cfg.keep_last, protect=protect,
                 on_partial=lambda: self.callbacks.fire("checkpoint", step),
             )  # fmt: skip
-            self._saved_good(good)
+            self.health.saved(self.step, good)
             return
         if self.dist.is_main:
             saved = self.spec.saved()
@@ -425,11 +360,7 @@ class Loop:
                 on_partial=lambda: self.callbacks.fire("checkpoint", self.step),
             )  # fmt: skip
         barrier(self.dist)
-        self._saved_good(good)
-
-    def _saved_good(self, good: bool) -> None:
-        if good:  # a checkpoint written inside a streak may hold the weights that caused it
-            self.last_good = self.step
+        self.health.saved(self.step, good)
 
     # --- the run ----------------------------------------------------------------------------------------------------
 
