@@ -157,8 +157,7 @@ def test_flags_of_other_trainers_get_lmforges_name_in_one_line(args, use, capsys
 
 def test_own_keys_are_not_taken_for_foreign_flags_and_spaced_values_are_explained(capsys):
     assert shown(capsys, "compress", "report", "--seed=3")["seed"] == 3  # compression's own top-level key
-    rc, _, err = run(capsys, "pretrain", "--train.lr", "3e-4")
-    assert rc == 2 and err == "error: --train.lr 3e-4: an override takes its value after '=': --train.lr=3e-4\n"
+    assert shown(capsys, "pretrain", "--train.lr", "3e-4")["train"]["lr"] == 3e-4  # a spaced value, as after '='
     assert shown(capsys, "pretrain", "--train.compile", "gpt")["train"]["compile"] is True  # a switch, then a recipe
     with pytest.raises(LMForgeError, match=r"^unknown config key 'lr': lmforge's name for it is --train\.lr=VALUE"):
         load_config("gpt", {"lr": 1e-3})

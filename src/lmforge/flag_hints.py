@@ -1,7 +1,12 @@
 """Flags users bring from other trainers (Hugging Face `Trainer`, litgpt, nanoGPT) → lmforge's own names, each
-said in one line: `--lr 3e-4` is refused with "use --train.lr=VALUE", not taken for an unknown section."""
+said in one line: `--lr 3e-4` is refused with "use --train.lr=VALUE", not taken for an unknown section; and the
+names a mistyped or shortened name most likely means (`gpt2` → the gpt2-* presets)."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from difflib import get_close_matches
 
 _RUN_DIR = "--run.dir=DIR (the run directory: config, checkpoints, metrics)"
 _LR = "--train.lr=VALUE (the peak learning rate)"
@@ -60,3 +65,32 @@ def foreign_hint(arg: str) -> str | None:
     key = arg[2:].partition("=")[0] if arg.startswith("--") else ""
     use = foreign_name(key) if key else None
     return None if use is None else f"unknown option --{key}: lmforge's name for it is {use}"
+
+
+def _natural(name: str) -> list[tuple]:
+    """A sort key that orders sizes by value: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b (M and B parameters)."""
+    key: list[tuple] = []
+    for part in re.split(r"(\d+(?:\.\d+)?[mb]?)", name.lower()):
+        size = re.fullmatch(r"(\d+(?:\.\d+)?)([mb]?)", part)
+        key.append((0, float(size[1]) * (1000 if size[2] == "b" else 1), "") if size else (1, 0.0, part))
+    return key
+
+
+def close_names(name: str, choices: Iterable[str], n: int = 4) -> list[str]:
+    """The names of `choices` a user most likely meant by `name`: those that start with it, then those that contain
+    it (each smallest size first), else difflib's closest. `gpt2` → gpt2-124m, gpt2-350m, ... (not gpt1)."""
+    names, low = list(choices), name.lower()
+    starts = sorted((c for c in names if c.lower().startswith(low)), key=_natural)
+    contains = sorted((c for c in names if low in c.lower() and c not in starts), key=_natural)
+    found = starts + contains
+    return found[:n] if found else get_close_matches(name, names, n=1)
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 4) -> str:
+    """The tail of an "unknown name" error: " — did you mean 'gpt2-124m'? (or gpt2-350m, gpt2-774m, gpt2-1.5b)",
+    or "" when nothing is close."""
+    found = close_names(name, choices, n)
+    if not found:
+        return ""
+    more = f" (or {', '.join(found[1:])})" if len(found) > 1 else ""
+    return f" — did you mean '{found[0]}'?{more}"
