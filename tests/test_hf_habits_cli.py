@@ -76,3 +76,20 @@ def test_an_unknown_finetuning_init_suggests_presets_too(capsys):
 
         check_overrides("pretrain", ["--model=gtp2"])
 
+
+# --- item 8: a reused tokenizer is not said to be trained ---------------------------------------------------------
+
+
+def test_a_reused_unigram_tokenizer_says_only_that_it_is_reused(tmp_path, monkeypatch, capsys):
+    from tokenizer_corpus import AUSTEN, GETTYSBURG
+
+    from lmforge.tokenizers import train_tokenizer
+
+    monkeypatch.setenv("LMFORGE_TOKENIZER_CACHE", str(tmp_path / "cache"))
+    texts = [f"{p} ({i})" for i in range(12) for p in (GETTYSBURG, AUSTEN)]
+    train_tokenizer(texts, "unigram", 300, sample_chars=8000, cache=True, show_progress=False)
+    first = [line for line in capsys.readouterr().err.splitlines() if "tokenizer" in line]
+    assert first[0].startswith("training the unigram tokenizer on a sample of ") and "trained the" in first[-1]
+    train_tokenizer(texts, "unigram", 300, sample_chars=8000, cache=True, show_progress=False)
+    again = [line for line in capsys.readouterr().err.splitlines() if "tokenizer" in line]
+    assert len(again) == 1 and again[0].startswith("reusing the unigram tokenizer of 300 tokens trained before")

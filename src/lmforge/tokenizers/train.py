@@ -64,10 +64,16 @@ def train_tokenizer(
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise LMForgeError(f"the tokenizer's sample_chars must be an integer >= 0 (0: all the text), got {budget!r}")
     training: dict = {"trainer": _options(kind, min_frequency)}
+    sampled_note = None
     if budget:
-        sample = _read_sample(texts, budget, kind)
+        sample = _read_sample(texts, budget)
         texts = sample.texts
         training.update(sample.info())
+        if sample.sampled:  # said once the cache has no tokenizer to reuse: a reused one is not trained
+            sampled_note = (
+                f"training the {kind} tokenizer on a sample of {_chars(sample.chars_used)} of the "
+                f"{_chars(sample.chars_seen)} characters (sample_chars={budget:,}; 0 trains on all)"
+            )
     key = None
     if cache and iter(texts) is not texts:  # a sample or a list: the text can be hashed, then trained on
         key = cache_key(texts, {"kind": kind, "family": family, "vocab_size": vocab_size, **training})
@@ -76,6 +82,8 @@ def train_tokenizer(
             status(f"reusing the {kind} tokenizer of {vocab_size} tokens trained before on the same text and "
                    f"settings ({cache_dir()}/{key})")  # fmt: skip
             return cached
+    if sampled_note:
+        status(sampled_note)
     started = time.monotonic()
     sampled = bool(training.get("sampled"))
     backend = _fit(
@@ -93,15 +101,11 @@ def train_tokenizer(
     return (load_cached(key) or tok) if where else tok
 
 
-def _read_sample(texts: Iterable[str], budget: int, kind: str) -> TextSample:
-    """The bounded sample of `texts`, with a progress bar over the characters read and a status line saying what
-    share of the text the tokenizer trains on."""
+def _read_sample(texts: Iterable[str], budget: int) -> TextSample:
+    """The bounded sample of `texts`, with a progress bar over the characters read."""
     bar = progress(desc="sampling text", unit="char", unit_scale=True)
     sample = sample_texts(texts, budget, on_text=bar.update)
     bar.close()
-    if sample.sampled:
-        status(f"training the {kind} tokenizer on a sample of {_chars(sample.chars_used)} of the "
-               f"{_chars(sample.chars_seen)} characters (sample_chars={budget:,}; 0 trains on all)")  # fmt: skip
     return sample
 
 
