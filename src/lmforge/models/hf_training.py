@@ -104,7 +104,7 @@ def read_generation_config(model, ckpt: Path) -> None:
             return
         config = model.generation_config
         for name, value in token_ids(tokenizer).items():
-            if not has_config or getattr(config, name, None) is None:
+            if getattr(config, name, None) is None:
                 setattr(config, name, value)
 
 
