@@ -5,11 +5,16 @@ selection metric refused before training, a reused tokenizer said once, and a PE
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 from training_testing import run_main
 
-from lmforge.cli.args import join_spaced_values
 from lmforge.errors import LMForgeError
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
@@ -38,6 +43,8 @@ def test_an_override_takes_its_value_after_a_space_as_after_equals(capsys):
 
 
 def test_a_switch_takes_only_true_or_false_after_a_space():
+    from lmforge.cli.args import join_spaced_values
+
     # train.compile is a switch: the word after it is the recipe unless it reads as true/false.
     assert join_spaced_values(["--train.compile", "gpt"], "pretrain") == ["--train.compile", "gpt"]
     assert join_spaced_values(["--train.compile", "false", "gpt"], "pretrain") == ["--train.compile=false", "gpt"]
@@ -93,3 +100,59 @@ def test_a_reused_unigram_tokenizer_says_only_that_it_is_reused(tmp_path, monkey
     train_tokenizer(texts, "unigram", 300, sample_chars=8000, cache=True, show_progress=False)
     again = [line for line in capsys.readouterr().err.splitlines() if "tokenizer" in line]
     assert len(again) == 1 and again[0].startswith("reusing the unigram tokenizer of 300 tokens trained before")
+
+
+# --- item 6: MLflow and W&B stores where their own tools read them ------------------------------------------------
+
+
+@pytest.fixture
+def tracking_env(monkeypatch, tmp_path):
+    """W&B offline with its settings in tmp_path; MLflow on its default (the run dir's file store)."""
+    for var, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_CONSOLE", "off")):
+        monkeypatch.setenv(var, value)
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+    for var in ("WANDB_DIR", "WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed")
+def test_an_mlflow_file_store_says_the_exact_command_that_reads_it(tracking_env, tmp_path, monkeypatch, capsys):
+    from lmforge.train.metrics import MetricsLogger
+
+    monkeypatch.chdir(tmp_path)
+    with MetricsLogger(Path("run"), sinks=["mlflow"]) as log:
+        log.log(1, loss=2.5)
+    err = capsys.readouterr().err
+    assert err == (
+        "note: MLflow logs to the file store run/mlruns; to read it: pip install mlflow (the UI; lmforge's `mlflow` "
+        "extra is mlflow-skinny, which has none), then MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri "
+        "run/mlruns\n"
+    )
+    read = (
+        "from mlflow.tracking import MlflowClient as C; "
+        "print(C('run/mlruns').get_metric_history('{}', 'loss')[0].value)"
+    )
+    run_id = (tmp_path / "run" / "mlflow-run-id").read_text().strip()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+    for allow, works in (({"MLFLOW_ALLOW_FILE_STORE": "true"}, True), ({}, False)):  # the note's variable is needed
+        res = subprocess.run([sys.executable, "-c", read.format(run_id)], env={**env, **allow}, capture_output=True,
+                             text=True, cwd=tmp_path)  # fmt: skip
+        assert (res.returncode == 0 and res.stdout == "2.5\n") is works, res.stderr[-300:]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "shared").as_uri())  # a store the user names: no note
+    with MetricsLogger(Path("other"), sinks=["mlflow"]) as log:
+        log.log(1, loss=1.0)
+    assert "note: MLflow" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_wandb_keeps_its_files_in_the_users_wandb_dir(tracking_env, tmp_path, monkeypatch):
+    from lmforge.train.metrics import MetricsLogger
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))
+    (tmp_path / "mine").mkdir()
+    with MetricsLogger(tmp_path / "run", sinks=["wandb"]) as log:
+        log.log(1, loss=2.5)
+    assert list((tmp_path / "mine" / "wandb").glob("offline-run-*"))
+    assert not (tmp_path / "run" / "wandb").exists()
+

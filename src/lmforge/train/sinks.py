@@ -7,18 +7,23 @@ gets, numbers only, with the record's step.
 - tensorboard: event files in RUN/tensorboard/ (`tensorboard --logdir RUN/tensorboard`); a resumed run purges the
   events logged after its checkpoint.
 - wandb: one W&B run per run dir (its id kept in RUN/wandb-run-id, so a resumed run continues it), named after the
-  run dir, with the run's resolved config as its config; W&B's files in RUN/wandb/. W&B's own settings apply:
-  WANDB_PROJECT (default "lmforge"), WANDB_ENTITY, WANDB_MODE=offline (then `wandb sync RUN/wandb/offline-run-*`).
-  Records are plotted against the lmforge step (the `step` metric), so a resumed run's repeated steps are kept.
+  run dir, with the run's resolved config as its config; W&B's files in RUN/wandb/, or in WANDB_DIR when it is set.
+  W&B's own settings apply: WANDB_PROJECT (default "lmforge"), WANDB_ENTITY, WANDB_MODE=offline (then
+  `wandb sync RUN/wandb/offline-run-*`). Records are plotted against the lmforge step (the `step` metric), so a
+  resumed run's repeated steps are kept.
 - mlflow: one MLflow run per run dir (its id kept in RUN/mlflow-run-id), the resolved config's values as parameters
   and as a config.yaml artifact, in experiment MLFLOW_EXPERIMENT_NAME (default "lmforge") of MLFLOW_TRACKING_URI
-  (a server, a database); without that variable, in a file store RUN/mlruns (`mlflow ui --backend-store-uri
-  RUN/mlruns`). MLflow keeps every logged point, so steps repeated after a resume appear twice in its history.
+  (a server, a database); without that variable, in a file store RUN/mlruns, the one store mlflow-skinny (the
+  `mlflow` extra) can write (a sqlite store needs SQLAlchemy, which only the full `mlflow` brings). MLflow 3 reads a
+  file store only with MLFLOW_ALLOW_FILE_STORE=true, and its UI comes with `pip install mlflow`, not mlflow-skinny:
+  the run says both in one note (`MLFLOW_NOTE`). MLflow keeps every logged point, so steps repeated after a resume
+  appear twice in its history.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,12 +33,17 @@ import yaml
 from lmforge.errors import LMForgeError
 from lmforge.extras import check, require
 from lmforge.files import write_atomic
-from lmforge.progress import is_quiet
+from lmforge.progress import is_quiet, status
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb-run-id"
 MLFLOW_ID_FILE = "mlflow-run-id"
 MLFLOW_DIR = "mlruns"
+MLFLOW_NOTE = (
+    "note: MLflow logs to the file store {store}; to read it: pip install mlflow (the UI; lmforge's `mlflow` extra "
+    "is mlflow-skinny, which has none), then MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store}"
+)
+"""Said when a run logs to its own file store (no MLFLOW_TRACKING_URI): how to read it with MLflow's UI."""
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 """Sink name → the module it needs (lmforge's extra of the same name)."""
 
@@ -126,10 +136,12 @@ class WandbSink:
             os.environ.setdefault("WANDB_SILENT", "true")
         id_file = run_dir / WANDB_ID_FILE
         run_id = _saved_id(id_file, resume_step)
-        (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        where = None if os.environ.get("WANDB_DIR") else str(run_dir)  # the user's WANDB_DIR wins over ours
+        if where is not None:
+            (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
         try:
             self.run = wandb.init(
-                project=os.environ.get("WANDB_PROJECT", "lmforge"), name=run_dir.resolve().name, dir=str(run_dir),
+                project=os.environ.get("WANDB_PROJECT", "lmforge"), name=run_dir.resolve().name, dir=where,
                 config=_run_config(run_dir, config), id=run_id, resume="allow" if run_id else None,
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001 — W&B raises its own types for a missing login, a refused server, ...
@@ -151,6 +163,7 @@ class MlflowSink:
     def __init__(self, run_dir: Path, resume_step: int | None = None, config: dict | None = None) -> None:
         tracking = require("mlflow.tracking", "train.log_to=mlflow")
         self.entities = require("mlflow.entities", "train.log_to=mlflow")
+        own = not os.environ.get("MLFLOW_TRACKING_URI")
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / MLFLOW_DIR).resolve().as_uri()
         if uri.startswith("file:"):  # MLflow 3 refuses its file store unless this is set; it is ours to choose
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -163,6 +176,8 @@ class MlflowSink:
         except Exception as e:  # noqa: BLE001 — MLflow raises its own types for a refused server, a bad URI, ...
             raise LMForgeError(f"train.log_to=mlflow: MLflow could not start a run: {str(e).splitlines()[0]}") from None
         write_atomic(id_file, self.run_id + "\n")
+        if own:
+            status(MLFLOW_NOTE.format(store=shlex.quote(str(run_dir / MLFLOW_DIR))))
 
     def _new_run(self, run_dir: Path, config: dict[str, Any]) -> str:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lmforge")
