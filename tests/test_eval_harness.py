@@ -199,7 +199,10 @@ def test_without_lm_eval_the_entry_point_says_how_to_install_it(monkeypatch, cap
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
     assert harness.main(["--model", "lmforge"]) == LMForgeError("").exit_code != 0
-    assert capsys.readouterr().err == "error: lm-eval is not installed: pip install -e '.[harness]'\n"
+    assert capsys.readouterr().err == (
+        "error: lmforge eval --harness needs lmforge's `harness` extra (lm-eval), which is not installed: "
+        f"pip install -e '{Path(__file__).resolve().parents[1]}[harness]'\n"  # a source checkout's editable form
+    )
 
 
 @needs_lm_eval

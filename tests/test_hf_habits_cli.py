@@ -156,3 +156,59 @@ def test_wandb_keeps_its_files_in_the_users_wandb_dir(tracking_env, tmp_path, mo
     assert list((tmp_path / "mine" / "wandb").glob("offline-run-*"))
     assert not (tmp_path / "run" / "wandb").exists()
 
+
+# --- item 5: install hints a wheel user can run ------------------------------------------------------------------
+
+
+def test_a_missing_extra_names_lmforges_extra_as_a_wheel_user_installs_it(monkeypatch, tmp_path, capsys):
+    from lmforge import extras
+    from lmforge.eval import harness
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    monkeypatch.setattr(extras, "source_checkout", lambda: None)  # installed from a wheel
+    assert harness.main(["--model", "lmforge"]) != 0
+    assert capsys.readouterr().err == (
+        "error: lmforge eval --harness needs lmforge's `harness` extra (lm-eval), which is not installed: "
+        "pip install 'lmforge[harness]'\n"
+    )
+    assert extras.extra_hint("hf", "lmforge.hf_trainer") == (
+        "lmforge.hf_trainer needs lmforge's `hf` extra (transformers, accelerate), which is not installed: "
+        "pip install 'lmforge[hf]'"
+    )
+    monkeypatch.setattr(extras, "source_checkout", lambda: tmp_path)  # a source checkout: the editable form
+    assert extras.install_extra("harness") == f"pip install -e '{tmp_path}[harness]'"
+
+
+def test_a_source_checkout_is_told_from_an_installed_package(monkeypatch, tmp_path):
+    from lmforge import extras
+
+    assert extras.source_checkout() == Path(__file__).resolve().parents[1]  # these tests run from the checkout
+    wheel = tmp_path / "lib" / "python3.11" / "site-packages" / "lmforge"
+    wheel.mkdir(parents=True)
+    monkeypatch.setattr(extras, "__file__", str(wheel / "extras.py"))
+    assert extras.source_checkout() is None
+
+
+# --- item 7: `lm_eval --model lmforge` ----------------------------------------------------------------------------
+
+
+def test_lmforge_declares_its_model_in_lm_evals_plugin_group():
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["entry-points"]["lm_eval.models"] == {"lmforge": "lmforge.eval.harness_model:LMForgeLM"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")
+def test_lm_evals_registry_loads_the_entry_point_as_the_lmforge_model():
+    from importlib.metadata import EntryPoint
+
+    from lm_eval.api.registry import Registry
+
+    from lmforge.eval.harness_model import LMForgeLM
+
+    # What lm-eval's entry-point discovery does with the declared entry point: a placeholder, loaded on first use.
+    models = Registry("model")
+    models.register("lmforge", target=EntryPoint("lmforge", "lmforge.eval.harness_model:LMForgeLM", "lm_eval.models"))
+    assert models.get("lmforge") is LMForgeLM
+

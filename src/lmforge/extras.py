@@ -2,12 +2,14 @@
 and a missing one is one line naming the package and the lmforge extra that installs it.
 
 The extras and what they hold are pyproject.toml's `[project.optional-dependencies]`; `PACKAGES` below mirrors
-them (a test holds the two together)."""
+them (a test holds the two together). A whole extra installs as `pip install 'lmforge[NAME]'` (from a wheel or an
+index); running from a source checkout, as `pip install -e 'CHECKOUT[NAME]'` (`install_extra`)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 from lmforge.errors import LMForgeError
@@ -25,6 +27,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "matplotlib": ("matplotlib>=3.7", "plot"),
     "lm_eval": ("lm-eval>=0.4.13", "harness"),
     "transformers": ("transformers>=4.40", "hf"),
+    "accelerate": ("accelerate>=0.26", "hf"),
     "tensorboard": ("tensorboard>=2.14", "tensorboard"),
     "wandb": ("wandb>=0.17", "wandb"),
     "mlflow": ("mlflow-skinny>=2.14", "mlflow"),
@@ -49,6 +52,30 @@ def hint(module: str, what: str) -> str:
     spec, extra = PACKAGES[_top(module)]
     name = spec.split(">")[0].split("=")[0]
     return f"{what} needs {name}, which is not installed (lmforge's `{extra}` extra): pip install '{spec}'"
+
+
+def source_checkout() -> Path | None:
+    """The source checkout lmforge runs from (the folder of pyproject.toml above src/lmforge), or None when lmforge
+    is installed (it lives in a site-packages or dist-packages folder, as a wheel puts it)."""
+    here = Path(__file__).resolve().parent
+    if any(p.name in ("site-packages", "dist-packages") for p in here.parents):
+        return None
+    root = here.parent.parent
+    return root if (root / "pyproject.toml").is_file() and here.parent.name == "src" else None
+
+
+def install_extra(extra: str) -> str:
+    """The command that installs lmforge's `extra`: `pip install 'lmforge[harness]'`, or from a source checkout
+    (an editable install) `pip install -e '/path/to/lmforge[harness]'`."""
+    root = source_checkout()
+    return f"pip install -e '{root}[{extra}]'" if root is not None else f"pip install 'lmforge[{extra}]'"
+
+
+def extra_hint(extra: str, what: str) -> str:
+    """The one line for a feature that needs a whole extra: "lmforge eval --harness needs lmforge's `harness` extra
+    (lm-eval), which is not installed: pip install 'lmforge[harness]'"."""
+    names = ", ".join(spec.split(">")[0].split("=")[0] for spec, e in PACKAGES.values() if e == extra)
+    return f"{what} needs lmforge's `{extra}` extra ({names}), which is not installed: {install_extra(extra)}"
 
 
 def check(what: str, *modules: str) -> None:

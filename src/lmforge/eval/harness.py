@@ -5,10 +5,12 @@ lmforge_ppl, shipped in lmforge/eval/harness_tasks/) on the task path, e.g.
     lmforge eval runs/gpt --harness --tasks lmforge_mc
     lmforge eval --harness --model lmforge --model_args pretrained=runs/gpt --tasks hellaswag
 
-lm_eval (0.4.x) finds model classes only in its own registry: it loads no plugins (no entry-point group), so its
-own `lm_eval` command cannot see `lmforge` unless this module registers it first. From Python: `register()`, then
-`lm_eval.simple_evaluate(model="lmforge", model_args="pretrained=RUN", ...)`, or pass
-`LMForgeLM(model=model, tokenizer=tokenizer)` as `model`. Needs `pip install -e '.[harness]'`."""
+lm_eval's own command finds `lmforge` through the entry point lmforge declares in the group `lm_eval.models`
+(pyproject.toml), in the lm-eval releases that discover model plugins by entry point; lm-eval 0.4.13 and earlier
+load no plugins, so there `lm_eval --model lmforge ARGS` is `lmforge eval --harness --model lmforge ARGS`.
+From Python: `register()`, then `lm_eval.simple_evaluate(model="lmforge", model_args="pretrained=RUN", ...)`, or
+pass `LMForgeLM(model=model, tokenizer=tokenizer)` as `model`. Needs lmforge's `harness` extra
+(`pip install 'lmforge[harness]'`)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import sys
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
+from lmforge.extras import extra_hint
 
-INSTALL_HINT = "lm-eval is not installed: pip install -e '.[harness]'"
 TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
 """lmforge's example lm-eval tasks (YAML + their JSONL data), on lm_eval's task path unless --include_path is given."""
 
@@ -26,7 +28,7 @@ TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
 def register() -> type:
     """Register the `lmforge` model class with lm_eval (idempotent) and return it."""
     if importlib.util.find_spec("lm_eval") is None:
-        raise LMForgeError(INSTALL_HINT)
+        raise LMForgeError(extra_hint("harness", "lmforge eval --harness"))
     from lmforge.eval.harness_model import LMForgeLM
 
     return LMForgeLM

@@ -1,7 +1,8 @@
 """The lm-evaluation-harness model `lmforge`: an `lm_eval.api.model.LM` over lmforge's scoring LM (eval/lm.py).
 
-Importing this module registers the class under the name `lmforge` (it needs `pip install -e '.[harness]'`);
-`lmforge.eval.harness` is the command line. The harness's three request types map onto `eval.lm.LM`:
+Importing this module registers the class under the name `lmforge` (it needs `pip install 'lmforge[harness]'`);
+lm-eval's entry-point discovery imports it (pyproject.toml, group `lm_eval.models`), and `lmforge.eval.harness` is
+the command line. The harness's three request types map onto `eval.lm.LM`:
 
 - loglikelihood: Instance.args = (context, continuation) → (log P(continuation | context), is_greedy);
 - loglikelihood_rolling: (text,) → log P(text), in windows that predict every token once;
