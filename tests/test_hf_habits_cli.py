@@ -212,3 +212,64 @@ def test_lm_evals_registry_loads_the_entry_point_as_the_lmforge_model():
     models.register("lmforge", target=EntryPoint("lmforge", "lmforge.eval.harness_model:LMForgeLM", "lm_eval.models"))
     assert models.get("lmforge") is LMForgeLM
 
+
+# --- item 8: the dev curve, one dev pass at the end, the selection metric checked first ---------------------------
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> Path:
+    """A small labelled set of real sentences with one inserted sentiment word (train 96, dev 32)."""
+    import tasks_testing as T
+
+    from lmforge.data.examples import Dataset
+
+    full = T.sentiment(128, seed=1)
+    splits = {"train": Dataset(full.examples[:96], full.labels), "dev": Dataset(full.examples[96:], full.labels)}
+    return T.write_labelled_dir(tmp_path_factory.mktemp("labelled") / "sentiment", splits)
+
+
+def tiny_finetune(run: Path, data: Path, *extra: str) -> list[str]:
+    return [f"--run.dir={run}", "--data.source=dir", f"--data.dir={data}", "--train.batch_size=16", "--train.lr=2e-3",
+            "--task.max_len=48", "--model.vocab_size=300", *extra]  # fmt: skip
+
+
+def test_finetuning_plots_its_dev_metric_and_scores_dev_once_per_evaluation(tmp_path, labelled, monkeypatch):
+    import json
+
+    from lmforge.tasks.config import load_finetune_config
+    from lmforge.train.finetune import FineTuner
+    from lmforge.train.metrics import read_metrics
+
+    passes: list[str] = []
+    for name in ("evaluate", "label_probabilities"):  # every way fine-tuning scores a split
+        real = getattr(FineTuner, name)
+        monkeypatch.setattr(
+            FineTuner, name, lambda self, split="dev", _real=real: passes.append(split) or _real(self, split)
+        )
+    over = tiny_finetune(tmp_path / "run", labelled, "--train.max_steps=6", "--train.eval_every=3")
+    tuner = FineTuner(load_finetune_config("sst2-gpt", over, init="gpt-tiny"))
+    final = tuner.fit()
+    rows = read_metrics(tmp_path / "run")
+    dev = [r for r in rows if "dev_accuracy" in r]
+    assert [r["step"] for r in dev] == [3, 6]
+    assert passes == ["dev", "dev"]  # one pass per evaluation; the best one's is the final score, not a third pass
+    best = max(dev, key=lambda r: r["dev_accuracy"])
+    assert final == {"accuracy": best["dev_accuracy"]} == json.loads((tmp_path / "run" / "eval.json").read_text())
+    pred = json.loads((tmp_path / "run" / "predictions.json").read_text())["dev"]
+    right = [max(range(len(p)), key=p.__getitem__) == g for p, g in zip(pred["probs"], pred["gold"])]
+    assert sum(right) / len(right) == pytest.approx(best["dev_accuracy"])  # the best checkpoint's probabilities
+    from lmforge.train.metrics import plot_curves
+
+    assert plot_curves(rows)["dev"] == [("dev_accuracy", "dev accuracy")]
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "run" / "plots" / "dev.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_selection_metric_the_task_does_not_report_is_refused_before_training(tmp_path, labelled, capsys):
+    over = tiny_finetune(tmp_path / "run", labelled, "--train.max_steps=2", "--train.select_metric=f1")
+    rc, _, err = run_main(capsys, "finetune", "sst2-gpt", "--init", "gpt-tiny", *over)
+    assert rc == 2 and err.splitlines()[-1] == (
+        "error: train.select_metric 'f1' is not among the task's dev metrics ['accuracy'] (task.metrics sets them)"
+    )
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
+

@@ -86,6 +86,9 @@ class FineTuner:
     def __init__(self, cfg: FinetuneConfig, resume: bool = False) -> None:
         self.cfg, self.run_dir = cfg, Path(cfg.run.dir)
         self.tested: dict[str, float] | None = None  # the test split's metrics, set by finish()
+        # step → (dev metrics, dev label probabilities or None) of the last evaluation and of the best one so far:
+        # finish() scores the best checkpoint from them instead of a second pass over dev.
+        self._dev_scored: dict[int, tuple[dict[str, float], dict | None]] = {}
         # One seed on every rank while the model is built (each rank's own dropout comes after).
         self.session = RunSession(self.run_dir, cfg.train, seed=cfg.run.seed, rank_seeds=False)
         self.dist, self.device, self.lock = self.session.dist, self.session.device, self.session.lock
@@ -97,8 +100,9 @@ class FineTuner:
 
         cfg, t, d = self.cfg, self.cfg.train, self.dist
         self.resume_from = self.session.find_resume(finetune_to_dict(cfg), resume, FROZEN)
-        self.splits = load_splits(cfg.data)
         task_cls = TASKS.get(cfg.task.type)
+        _check_select_metric(t.select_metric, getattr(cfg.task.options, "metrics", None) or task_cls.default_metrics)
+        self.splits = load_splits(cfg.data)
         backbone, self.tokenizer = load_backbone(cfg.model, lambda: example_texts([self.splits["train"]]))
         if cfg.model.dropout is not None:
             set_dropout(backbone, cfg.model.dropout)
@@ -175,6 +179,16 @@ class FineTuner:
             probs = self.task.predict_all(self.model, ds, self.cfg.train.eval_batch_size, self.task.probabilities)
         return {"ids": [e.id or str(i) for i, e in enumerate(ds.examples)], "gold": self.task.gold(ds), "probs": probs}
 
+    def _score_dev(self) -> tuple[dict[str, float], dict | None]:
+        """The dev metrics, with the label probabilities they come from for a task that chooses a label (what
+        predictions.json keeps): one pass over dev."""
+        from lmforge.tasks.scoring import score
+
+        if not self.task.chooses_label:
+            return self.evaluate("dev"), None
+        per = self.label_probabilities("dev")
+        return score(self.task.metric_names, _argmax(per["probs"]), per["gold"]), per
+
     @property
     def _every_rank(self) -> bool:
         """Whether every rank evaluates: a sharded model's forward needs them all."""
@@ -183,7 +197,10 @@ class FineTuner:
     def _evaluate(self, step: int) -> dict[str, float]:
         if not (self.dist.is_main or self._every_rank):
             return {}
-        metrics = self.evaluate("dev")
+        metrics, per = self._score_dev()
+        best = self.loop.best[1] if self.loop.best else None
+        self._dev_scored = {k: v for k, v in self._dev_scored.items() if k == best}
+        self._dev_scored[step] = (metrics, per)
         if not self.dist.is_main:
             return metrics
         epoch = step / self.per_epoch
@@ -207,12 +224,14 @@ class FineTuner:
         ckpt.load_weights(ckpt.model_checkpoint(self.run_dir), self.weights)
         test = self.splits.get("test")
         splits = ["dev"] + (["test"] if test is not None and _labelled(test) else [])
+        # The best checkpoint's dev pass during training, when this process ran it, is its dev score.
+        scored = self._dev_scored.get(self.loop.best[1]) if self.loop.best else None
         per: dict[str, dict] = {}
         if self.task.chooses_label:
-            per = {s: self.label_probabilities(s) for s in splits}
+            per = {s: scored[1] if s == "dev" and scored else self.label_probabilities(s) for s in splits}
             scores = {s: score(self.task.metric_names, _argmax(p["probs"]), p["gold"]) for s, p in per.items()}
         else:
-            scores = {s: self.evaluate(s) for s in splits}
+            scores = {s: scored[0] if s == "dev" and scored else self.evaluate(s) for s in splits}
         final, self.tested = scores["dev"], scores.get("test")
         if not self.dist.is_main:
             return {}
@@ -225,6 +244,14 @@ class FineTuner:
         if self.tested is not None:
             write_json(self.run_dir / "eval_test.json", self.tested)
         return final
+
+
+def _check_select_metric(name: str | None, metrics) -> None:
+    """Refuse, before any training, a train.select_metric the task does not report on dev."""
+    if name is not None and name not in metrics:
+        raise LMForgeError(
+            f"train.select_metric '{name}' is not among the task's dev metrics {list(metrics)} (task.metrics sets them)"
+        )
 
 
 def _argmax(probs: list[list[float]]) -> list[int]:

@@ -151,7 +151,8 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def plot_metrics(run_dir: Path) -> list[Path]:
-    """Write ``plots/loss.png`` (train and validation loss vs step) and ``plots/lr.png`` when logged.
+    """Write ``plots/loss.png`` (train and validation loss vs step), ``plots/lr.png`` and, for a fine-tuning run,
+    ``plots/dev.png`` (each dev metric vs step) when logged.
 
     Returns the files written; empty when the log holds nothing to plot, or when matplotlib (lmforge's `plot`
     extra) is not installed: a run without it says so in one line and is otherwise complete.
@@ -165,9 +166,7 @@ def plot_metrics(run_dir: Path) -> list[Path]:
     records = read_metrics(run_dir)
     out_dir = Path(run_dir) / PLOTS_DIR
     written = []
-    train_key = "train_loss" if any("train_loss" in r for r in records) else "loss"
-    curves = {"loss": [(train_key, "train"), ("val_loss", "validation")], "lr": [("lr", "learning rate")]}
-    for name, keys in curves.items():
+    for name, keys in plot_curves(records).items():
         series = [(label, *_series(records, key)) for key, label in keys]
         series = [s for s in series if s[1]]
         if not series:
@@ -178,7 +177,7 @@ def plot_metrics(run_dir: Path) -> list[Path]:
             marker = "o" if len(steps) < 50 else None
             ax.plot(steps, values, label=label, marker=marker, markersize=3)
         ax.set_xlabel("step")
-        ax.set_ylabel(name)
+        ax.set_ylabel("dev metric" if name == "dev" else name)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
@@ -190,6 +189,22 @@ def plot_metrics(run_dir: Path) -> list[Path]:
         write_atomic(path, png.getvalue(), fsync=False)
         written.append(path)
     return written
+
+
+def plot_curves(records: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """Plot name → its curves as (logged key, legend label): train and validation loss, the learning rate, and the
+    dev metrics a fine-tuning run logs after each epoch (`dev_accuracy`, `dev_f1`, ...)."""
+    train_key = "train_loss" if any("train_loss" in r for r in records) else "loss"
+    dev = sorted({k for r in records for k, v in r.items() if k.startswith("dev_") and _is_number(v)})
+    return {
+        "loss": [(train_key, "train"), ("val_loss", "validation")],
+        "lr": [("lr", "learning rate")],
+        "dev": [(k, f"dev {k[len('dev_') :]}") for k in dev],
+    }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class BackgroundPlot:
