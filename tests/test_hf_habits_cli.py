@@ -273,3 +273,29 @@ def test_a_selection_metric_the_task_does_not_report_is_refused_before_training(
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
 
+
+# --- item 9: a PEFT method turned on trains at its own learning rate ----------------------------------------------
+
+
+def test_lora_over_a_full_finetuning_recipe_takes_loras_learning_rate_and_says_so(capsys):
+    rc, out, err = run_main(capsys, "finetune", "glue-sst2", "--peft.method=lora", "--print-config")
+    assert rc == 0 and yaml.safe_load(out)["train"]["lr"] == 5e-4  # not the recipe's 2e-5, BERT's full fine-tuning
+    assert err == "note: train.lr 2e-5 → 5e-4 (peft.method=lora's learning rate; --train.lr=VALUE sets another)\n"
+    rc, out, err = run_main(capsys, "finetune", "glue-sst2", "--peft", "lora", "--train.lr", "1e-4", "--print-config")
+    assert rc == 0 and yaml.safe_load(out)["train"]["lr"] == 1e-4 and "note" not in err  # the user's lr wins
+    assert shown(capsys, "finetune", "glue-sst2")["train"]["lr"] == 2e-5  # full fine-tuning keeps the recipe's
+    assert shown(capsys, "finetune", "glue-sst2", "--peft.method=topk")["train"]["lr"] == 2e-5  # no rate of its own
+
+
+def test_a_recipe_that_names_its_peft_method_keeps_its_learning_rate(tmp_path, capsys):
+    from lmforge.adapt.peft import PEFT_LR, peft_lr
+    from lmforge.tasks.config import load_finetune_config
+
+    recipe = tmp_path / "lora-recipe.yaml"
+    recipe.write_text("peft:\n  method: lora\ntrain:\n  lr: 3.0e-4\n")
+    assert load_finetune_config(recipe, ["--peft.method=lora"]).train.lr == 3e-4
+    assert load_finetune_config(recipe, ["--peft.method=prompt"]).train.lr == PEFT_LR["prompt"]  # another method
+    assert capsys.readouterr().err == (
+        "note: train.lr 3e-4 → 1e-2 (peft.method=prompt's learning rate; --train.lr=VALUE sets another)\n"
+    )
+    assert peft_lr("lora", 5e-4, "none") == (5e-4, None)  # already the method's own: nothing to say

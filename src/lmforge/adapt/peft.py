@@ -33,6 +33,17 @@ ADAPTER_WEIGHTS = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_FIELDS = ("arch", "vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads", "head_dim")
 """Base-model config fields an adapter depends on, recorded with it and checked on load."""
+PEFT_LR: dict[str, float] = {
+    "lora": 5e-4,  # Hu et al. 2021, Table 9: RoBERTa-base on GLUE at 4e-4 to 5e-4 (SST-2 and MNLI: 5e-4)
+    # docs/peft.md (gpt-small on the sentiment set, each method at two rates, 3 epochs): the best dev accuracy
+    "houlsby": 2e-3,
+    "pfeiffer": 2e-3,
+    "adamix": 5e-4,
+    "prefix": 5e-4,  # with Li & Liang's reparameterisation MLP, the default (learned directly: 1e-2)
+    "prompt": 1e-2,
+}
+"""A PEFT method's own learning rate, in place of a recipe's full fine-tuning one (glue-sst2's 2e-5, BERT's, leaves
+a LoRA model at the majority class). topk has none: it trains the model's own top blocks, as full fine-tuning does."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,22 @@ def build_options(method: str, options: PeftOptions | dict | None, prefix: str =
     if type(options) is not cls:
         raise LMForgeError(f"peft method '{method}' takes {cls.__name__}, got {type(options).__name__}")
     return options
+
+
+def peft_lr(method: str, lr: float, recipe_method: str) -> tuple[float, str | None]:
+    """The learning rate a run that turns `method` on over a recipe fine-tuning with `recipe_method` ("none": in
+    full) trains at, and the note that says the change: the method's own (`PEFT_LR`) in place of the recipe's `lr`.
+    The recipe's own method keeps its lr; the caller keeps a learning rate the user gives."""
+    own = PEFT_LR.get(method)
+    if own is None or method == recipe_method or own == lr:
+        return lr, None
+    return own, f"train.lr {_lr(lr)} → {_lr(own)} (peft.method={method}'s learning rate; --train.lr=VALUE sets another)"
+
+
+def _lr(x: float) -> str:
+    """2e-5, 6.25e-5: a learning rate as the recipes write it."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:

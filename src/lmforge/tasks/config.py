@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section_to_dict
+from lmforge.adapt.peft import peft_lr
 from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, parse_overrides, recipe_dict, write_yaml
+from lmforge.config.core import get_key, has_key
 from lmforge.config.sections import InitModel, LoopConfig, OptimConfig, RunConfig
 from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
+from lmforge.progress import status
 
 RECIPES = RECIPES_DIR / "finetune"
 """The bundled fine-tuning recipes."""
@@ -175,6 +178,12 @@ def load_finetune_config(
         base = recipe_dict(recipe, "finetune", schema=FinetuneConfig).get("task") or {}
         raw["task"] = _without_stale_task_keys(raw["task"], base, over["task"])
     cfg = build_finetune_config(raw)
+    if has_key(over, "peft.method") and not has_key(over, "train.lr"):  # a PEFT method turned on here, no lr given
+        base = recipe_dict(recipe, "finetune", schema=FinetuneConfig) if recipe is not None else {}
+        recipe_method = str(get_key(base, "peft.method") or PeftSection.method)
+        cfg.train.lr, note = peft_lr(cfg.peft.method, cfg.train.lr, recipe_method)
+        if note:
+            status(f"note: {note}")
     if recipe is not None and cfg.run.recipe is None:
         cfg.run.recipe = str(recipe)
     return cfg
