@@ -65,6 +65,9 @@ def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs, cap
     want = classification_baselines(split)["tfidf_lr"]["dev"]
     assert tfidf["sentiment dev accuracy"]["values"] == [pytest.approx(100 * want)]
     assert "| majority class | 1 |" in table and "| tf-idf + LR | 1 |" in table
+    (claim,) = data["claims"]  # RoBERTa's Table 1, decided over the two seeds
+    assert "## Claims" in table and claim["seeds"] == [0, 1] and claim["column"] == "sentiment test accuracy"
+    assert claim["verdict"] in {"reproduced", "contradicted", "unresolved", "failed arm"}
     for row in data["rows"][:2]:
         losses = [metrics(out / "pretrain" / f"{row['arm']}-s{s}")[-1]["val_loss"] for s in (0, 1)]
         assert row["values"]["val loss"]["values"] == losses  # the table's numbers are the runs' own

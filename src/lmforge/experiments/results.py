@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.experiments import claims
 from lmforge.experiments.runner import ArmResult
 from lmforge.experiments.spec import Experiment
 from lmforge.experiments.tables import markdown_table, sci, si, write_atomic, write_json
@@ -245,6 +246,8 @@ def render(
                    "the examples the fine-tunes trained on.\n")  # fmt: skip
     if spreads:
         out.append(render_spread(spreads))
+    if exp.claims:
+        out.append(claims.render(claims.decide_all(exp.claims, results, list(baselines))))
     if failed:
         out.append(f"\n**Failed, so missing from the table:** {', '.join(failed)} (their arm.log says why).\n")
     out.append(f"\n![loss curves](plots/{exp.name}-loss.png)\n\n![final metrics](plots/{exp.name}-metrics.png)\n")
@@ -284,6 +287,7 @@ def summary_json(
                   "values": {c: stats(v) for c, v in r.cells.items() if v}} for r in rows],
         "chosen": chosen(exp, rows, list(baselines)),
         "ensemble_groups": list(spreads),
+        "claims": claims.decide_all(exp.claims, results, list(baselines)),
         "runs": [{"name": r.arm.name, "kind": r.arm.kind, "state": r.state, "run_dir": str(r.arm.run_dir),
                   "seconds": round(r.seconds, 1), "error": r.error or None, "info": r.arm.info, "results": r.final}
                  for r in results],

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LMForgeError, did_you_mean
+from lmforge.experiments.claims import Claim, parse_claims
 from lmforge.experiments.runner import flatten
 
-KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval")
+KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval", "claims")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
 FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds", "select", "ensembles")
 ENSEMBLE_KEYS = ("name", "arm", "size")
@@ -131,6 +132,7 @@ class Experiment:
     evals: list[EvalSpec]
     selection: Selection | None = None
     ensembles: list[EnsembleSpec] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -214,7 +216,7 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     exp = Experiment(
         p, str(raw.get("description", "")).strip(), Path(out or raw.get("out") or f"runs/experiments/{p.stem}"),
         seeds, str(pt.get("recipe", "gpt")), overrides, arms, budget, ft_seeds, ft_over, ft_cli, ft_arms, tasks,
-        evals, selection, ensembles,
+        evals, selection, ensembles, parse_claims(raw.get("claims"), {a.name for a in arms + ft_arms + ensembles}, p),
     )  # fmt: skip
     _check_sources(exp)
     return exp
