@@ -192,6 +192,12 @@ class ModelConfig:
     def gated(self) -> bool:
         return self.activation in ("swiglu", "geglu")
 
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> ModelConfig:
+        """This config: an lmforge model is text-only, so its text config is itself. `transformers.Trainer` asks for
+        it when it aligns the model with a `transformers` tokenizer given as processing_class (the arguments are
+        those of `PretrainedConfig.get_text_config`, which picks a sub-config of a multimodal model)."""
+        return self
+
     # --- architecture facts: code outside models/ asks these instead of comparing `arch` to a string ---------
 
     @property

@@ -1,0 +1,36 @@
+"""Hugging Face follow-ups: transformers' Trainer with a `transformers` tokenizer as processing_class, the generation
+config `lmforge.load` fills from the tokenizer, the hf_trainer install hint, preset names suggested by prefix, and the
+Hugging Face export of a multi-token-prediction decoder."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from lm_objective_testing import tokenizer
+from model_testing import tiny
+
+from lmforge.hf_trainer import Trainer
+from lmforge.models import Transformer
+
+
+def _rows(n: int, vocab: int, T: int = 16) -> list[dict]:
+    ids = torch.randint(4, vocab, (n, T), generator=torch.Generator().manual_seed(1))
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+# ----------------------------------------------------------------------------- Trainer + a transformers tokenizer
+def test_trainer_trains_with_a_transformers_tokenizer_as_processing_class(tmp_path) -> None:
+    tok = tokenizer("bart", "bpe", 400)  # <s> 0, <pad> 1, </s> 2
+    model = Transformer(tiny("gpt-tiny", vocab_size=tok.vocab_size).config)
+    assert model.config.get_text_config() is model.config
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=1e-2, report_to="none",
+        use_cpu=True, save_strategy="no", disable_tqdm=True, seed=7,
+    )  # fmt: skip
+    before = model.tok_emb.weight.detach().clone()
+    trainer = Trainer(model=model, args=args, train_dataset=_rows(8, tok.vocab_size),
+                      processing_class=tok.to_transformers())  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 2 and not torch.equal(model.tok_emb.weight, before)
+    gc = model.generation_config  # the Trainer aligned it with the tokenizer's special ids
+    assert tok.eos_id in gc.eos_token_id and (gc.bos_token_id, gc.pad_token_id) == (tok.bos_id, tok.pad_id)
