@@ -9,6 +9,7 @@ import transformers
 from lm_objective_testing import tokenizer
 from model_testing import tiny
 
+import lmforge
 from lmforge.hf_trainer import Trainer
 from lmforge.models import Transformer
 
@@ -34,3 +35,19 @@ def test_trainer_trains_with_a_transformers_tokenizer_as_processing_class(tmp_pa
     assert trainer.state.global_step == 2 and not torch.equal(model.tok_emb.weight, before)
     gc = model.generation_config  # the Trainer aligned it with the tokenizer's special ids
     assert tok.eos_id in gc.eos_token_id and (gc.bos_token_id, gc.pad_token_id) == (tok.bos_id, tok.pad_id)
+
+
+# ----------------------------------------------------------------------------- lmforge.load: generation config
+def test_load_gives_the_model_the_tokenizers_generation_ids(tmp_path) -> None:
+    tok = tokenizer("bart", "bpe", 400)
+    model = Transformer(tiny("llama-tiny", vocab_size=tok.vocab_size).config)
+    model.save_pretrained(tmp_path / "m", tokenizer=tok)
+    assert not (tmp_path / "m" / "generation_config.json").exists()
+    loaded, loaded_tok = lmforge.load(tmp_path / "m")
+    gc = loaded.generation_config
+    assert (gc.bos_token_id, gc.eos_token_id, gc.pad_token_id) == (tok.bos_id, tok.eos_id, tok.pad_id)
+    # A saved generation_config.json's values win over the tokenizer's; the ids it leaves unset come from it.
+    model.generation_config.eos_token_id, model.generation_config.num_beams = 7, 3
+    model.save_pretrained(tmp_path / "g", tokenizer=tok)
+    gc = lmforge.load(tmp_path / "g")[0].generation_config
+    assert (gc.eos_token_id, gc.num_beams, gc.pad_token_id) == (7, 3, tok.pad_id)

@@ -16,7 +16,9 @@ from lmforge.adapt.adamix import merge_adamix
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
 from lmforge.checkpoints import is_finetuned
 from lmforge.errors import LMForgeError
+from lmforge.extras import available
 from lmforge.models import Transformer
+from lmforge.models.hf_training import GENERATION_CONFIG, read_generation_config
 from lmforge.models.presets import model_config_from_dict
 from lmforge.models.pretrained import find_pretrained, is_hf_only, read_pretrained
 from lmforge.registry import MODELS, TASKS
@@ -74,7 +76,20 @@ def _load(path: Path, device: str | torch.device):
         raise LMForgeError(
             f"{c}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
+    _generation_config(model, c, tokenizer)
     return model.to(device).eval(), tokenizer
+
+
+def _generation_config(model: Transformer, c: Path, tokenizer: Tokenizer | None) -> None:
+    """The generation config `generate` reads: a saved generation_config.json (its bos / eos / pad ids, when unset
+    there, from the tokenizer saved beside it), else the bos / eos / pad ids of the tokenizer loaded with the model.
+    Without transformers (the `hf` extra) the model has no generation config and this does nothing."""
+    if not available("transformers"):
+        return
+    if (c / GENERATION_CONFIG).is_file():
+        read_generation_config(model, c)
+    elif tokenizer is not None:
+        model.set_generation_tokens(tokenizer)
 
 
 def _check_finite(model: torch.nn.Module, where: Path) -> None:
