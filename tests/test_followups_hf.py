@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import transformers
 from lm_objective_testing import tokenizer
-from model_testing import tiny
+from model_testing import V, tiny
 
 import lmforge
 from lmforge.hf_trainer import Trainer
@@ -51,3 +51,25 @@ def test_load_gives_the_model_the_tokenizers_generation_ids(tmp_path) -> None:
     model.save_pretrained(tmp_path / "g", tokenizer=tok)
     gc = lmforge.load(tmp_path / "g")[0].generation_config
     assert (gc.eos_token_id, gc.num_beams, gc.pad_token_id) == (7, 3, tok.pad_id)
+
+
+# ----------------------------------------------------------------------------- task tokens grow through the model
+def test_resize_embeddings_grows_through_the_models_resize_token_embeddings(monkeypatch) -> None:
+    from lmforge.tasks.inputs import resize_embeddings
+
+    model = tiny("llama-tiny")  # an untied head
+    calls = []
+    plain = Transformer.resize_token_embeddings
+
+    def recorded(self, *args, **kwargs):
+        calls.append((args, kwargs))
+        return plain(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "resize_token_embeddings", recorded)
+    head = model.lm_head.weight.detach().clone()
+    resize_embeddings(model, V - 5)  # never shrinks
+    assert calls == [] and model.config.vocab_size == V
+    resize_embeddings(model, V + 3, reinit=[7])
+    assert calls == [((V + 3,), {"mean_resizing": False})]
+    assert model.tok_emb.weight.shape[0] == model.lm_head.weight.shape[0] == V + 3
+    assert torch.equal(model.lm_head.weight[:7], head[:7]) and not torch.equal(model.lm_head.weight[7], head[7])

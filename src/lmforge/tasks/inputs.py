@@ -53,31 +53,16 @@ def resolve_format(fmt: str, arch: str, tokenizer) -> str:
 
 @torch.no_grad()
 def resize_embeddings(model: nn.Module, vocab_size: int, reinit: list[int] | None = None) -> None:
-    """Grow the token embedding table (and an untied or biased LM head) of a `Transformer` to `vocab_size` rows.
+    """Grow the token embedding table (and an untied or biased LM head) of a `Transformer` to `vocab_size` rows;
+    a smaller `vocab_size` leaves the model as it is.
 
     New rows, and the rows listed in `reinit`, are drawn like the model's own token embedding
-    (`models.init.token_embedding_std`)."""
+    (`models.init.token_embedding_std`); a new LM head bias is zero (`resize_token_embeddings` without
+    mean_resizing: task tokens are new symbols, not averages of the old ones)."""
     cfg = model.config
-    old = model.tok_emb
-    n_old, dim = old.weight.shape
+    if vocab_size > cfg.vocab_size:
+        model.resize_token_embeddings(vocab_size, mean_resizing=False)
     std = token_embedding_std(cfg)
-    if vocab_size > n_old:
-        emb = nn.Embedding(vocab_size, dim, device=old.weight.device, dtype=old.weight.dtype)
-        emb.weight[:n_old] = old.weight
-        emb.weight[n_old:].normal_(0.0, std)
-        model.tok_emb = emb
-        if cfg.lm_head:
-            head = model.lm_head
-            new = nn.Linear(head.in_features, vocab_size, bias=head.bias is not None)
-            new = new.to(device=head.weight.device, dtype=head.weight.dtype)
-            new.weight[:n_old] = head.weight
-            new.weight[n_old:].normal_(0.0, std)
-            if head.bias is not None:
-                new.bias[:n_old] = head.bias
-                new.bias[n_old:] = 0.0
-            model.lm_head = new
-        cfg.vocab_size = vocab_size
-        model.tie_weights()
     for i in reinit or []:
         model.tok_emb.weight[i].normal_(0.0, std)
         if cfg.lm_head and not cfg.tie_embeddings:
