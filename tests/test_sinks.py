@@ -16,7 +16,7 @@ from training_testing import make_prepared, restore_torch_globals
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
 from lmforge.train.metrics import MetricsLogger
-from lmforge.train.sinks import MLFLOW_ID_FILE, WANDB_ID_FILE, check_sinks
+from lmforge.train.sinks import MLFLOW_ID_FILE, WANDB_ID_FILE, check_sinks, mlflow_store
 
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
 needs_mlflow = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed")
@@ -80,7 +80,7 @@ def wandb_history(run_dir: Path, attempts: int = 1) -> list[dict]:
 def mlflow_history(run_dir: Path, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    client = MlflowClient(mlflow_store(run_dir))
     return sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id(run_dir), key))
 
 
@@ -113,7 +113,7 @@ def test_wandb_offline_gets_every_record_and_a_resumed_run_continues_the_same_ru
 
 
 @needs_mlflow
-def test_mlflow_file_store_gets_every_record_params_and_config_and_a_resume_continues_the_run(tmp_path):
+def test_mlflow_own_store_gets_every_record_params_and_config_and_a_resume_continues_the_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
     run_dir = tmp_path / "run"
@@ -122,7 +122,7 @@ def test_mlflow_file_store_gets_every_record_params_and_config_and_a_resume_cont
     log_steps(run_dir, ["mlflow"], range(1, 4))
     assert mlflow_history(run_dir, "loss") == [(s, pytest.approx(1.0 / s)) for s in (1, 2, 3)]
     assert mlflow_history(run_dir, "lr") == [(1, 0.5), (2, 0.5), (3, 0.5)]
-    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    client = MlflowClient(mlflow_store(run_dir))
     run_id = (run_dir / MLFLOW_ID_FILE).read_text().strip()
     run = client.get_run(run_id)
     assert run.data.params == {"train.lr": "0.5", "model.preset": "gpt-tiny"}
@@ -143,7 +143,7 @@ def test_mlflow_logs_to_the_tracking_uri_and_experiment_the_environment_names(tm
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "sweep-7")
     log_steps(tmp_path / "a", ["mlflow"], range(1, 3))
     log_steps(tmp_path / "b", ["mlflow"], range(1, 2))
-    assert not (tmp_path / "a" / "mlruns").exists()
+    assert not (tmp_path / "a" / "mlflow.db").exists()
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("sweep-7")
     runs = client.search_runs([exp.experiment_id])
@@ -198,7 +198,7 @@ def test_pretrain_logs_to_wandb_and_mlflow_what_it_writes_to_metrics_jsonl(tmp_p
     assert val and mlflow_history(run_dir, "val_loss") == [(s, pytest.approx(v)) for s, v in val]
     from mlflow.tracking import MlflowClient
 
-    params = MlflowClient((run_dir / "mlruns").resolve().as_uri()).get_run(mlflow_run_id(run_dir)).data.params
+    params = MlflowClient(mlflow_store(run_dir)).get_run(mlflow_run_id(run_dir)).data.params
     assert params["train.max_steps"] == "4" and params["model.name"] == "gpt-tiny"  # the resolved config
 
 

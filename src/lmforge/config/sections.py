@@ -169,4 +169,4 @@ class LoopConfig:
     log_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
     """Extra metric sinks beside metrics.jsonl, each lmforge's extra of the same name: tensorboard (RUN/tensorboard),
     wandb (W&B's WANDB_* settings; WANDB_MODE=offline works without an account), mlflow (MLFLOW_TRACKING_URI, else
-    RUN/mlruns)."""
+    the SQLite store RUN/mlflow.db)."""

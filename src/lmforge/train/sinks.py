@@ -13,15 +13,15 @@ gets, numbers only, with the record's step.
   resumed run's repeated steps are kept.
 - mlflow: one MLflow run per run dir (its id kept in RUN/mlflow-run-id), the resolved config's values as parameters
   and as a config.yaml artifact, in experiment MLFLOW_EXPERIMENT_NAME (default "lmforge") of MLFLOW_TRACKING_URI
-  (a server, a database); without that variable, in a file store RUN/mlruns, the one store mlflow-skinny (the
-  `mlflow` extra) can write (a sqlite store needs SQLAlchemy, which only the full `mlflow` brings). MLflow 3 reads a
-  file store only with MLFLOW_ALLOW_FILE_STORE=true, and its UI comes with `pip install mlflow`, not mlflow-skinny:
-  the run says both in one note (`MLFLOW_NOTE`). MLflow keeps every logged point, so steps repeated after a resume
-  appear twice in its history.
+  (a server, a database); without that variable, in the SQLite store RUN/mlflow.db (the `mlflow` extra brings
+  mlflow-skinny with SQLAlchemy and Alembic, which that store needs), which MLflow reads as is. Its UI comes with
+  `pip install mlflow`, not mlflow-skinny: the run says so in one note (`MLFLOW_NOTE`). MLflow keeps every logged
+  point, so steps repeated after a resume appear twice in its history.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import time
@@ -38,12 +38,19 @@ from lmforge.progress import is_quiet, status
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb-run-id"
 MLFLOW_ID_FILE = "mlflow-run-id"
-MLFLOW_DIR = "mlruns"
+MLFLOW_DB = "mlflow.db"
 MLFLOW_NOTE = (
-    "note: MLflow logs to the file store {store}; to read it: pip install mlflow (the UI; lmforge's `mlflow` extra "
-    "is mlflow-skinny, which has none), then MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store}"
+    "note: MLflow logs to {store}; to see it: pip install mlflow (the UI; lmforge's `mlflow` extra is mlflow-skinny, "
+    "which has none), then mlflow ui --backend-store-uri {store}"
 )
-"""Said when a run logs to its own file store (no MLFLOW_TRACKING_URI): how to read it with MLflow's UI."""
+"""Said when a run logs to its own store (no MLFLOW_TRACKING_URI): how to read it with MLflow's UI."""
+
+
+def mlflow_store(run_dir: Path) -> str:
+    """The tracking URI of a run's own MLflow store, RUN/mlflow.db."""
+    return f"sqlite:///{(run_dir / MLFLOW_DB).resolve()}"
+
+
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 """Sink name → the module it needs (lmforge's extra of the same name)."""
 
@@ -164,9 +171,11 @@ class MlflowSink:
         tracking = require("mlflow.tracking", "train.log_to=mlflow")
         self.entities = require("mlflow.entities", "train.log_to=mlflow")
         own = not os.environ.get("MLFLOW_TRACKING_URI")
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / MLFLOW_DIR).resolve().as_uri()
-        if uri.startswith("file:"):  # MLflow 3 refuses its file store unless this is set; it is ours to choose
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow_store(run_dir)
+        if uri.startswith("file:"):  # a file store the user named: MLflow 3 refuses it unless this is set
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        for name in ("mlflow.store.db.utils", "alembic"):  # its table creation speaks at INFO on stderr
+            logging.getLogger(name).setLevel(logging.WARNING)
         id_file = run_dir / MLFLOW_ID_FILE
         try:
             self.client = tracking.MlflowClient(uri)
@@ -177,7 +186,7 @@ class MlflowSink:
             raise LMForgeError(f"train.log_to=mlflow: MLflow could not start a run: {str(e).splitlines()[0]}") from None
         write_atomic(id_file, self.run_id + "\n")
         if own:
-            status(MLFLOW_NOTE.format(store=shlex.quote(str(run_dir / MLFLOW_DIR))))
+            status(MLFLOW_NOTE.format(store=shlex.quote(f"sqlite:///{run_dir / MLFLOW_DB}")))
 
     def _new_run(self, run_dir: Path, config: dict[str, Any]) -> str:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lmforge")
