@@ -4,6 +4,7 @@ Hugging Face export of a multi-token-prediction decoder."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 from lm_objective_testing import tokenizer
@@ -73,3 +74,21 @@ def test_resize_embeddings_grows_through_the_models_resize_token_embeddings(monk
     assert calls == [((V + 3,), {"mean_resizing": False})]
     assert model.tok_emb.weight.shape[0] == model.lm_head.weight.shape[0] == V + 3
     assert torch.equal(model.lm_head.weight[:7], head[:7]) and not torch.equal(model.lm_head.weight[7], head[7])
+
+
+# ----------------------------------------------------------------------------- hf_trainer without the hf extra
+def test_hf_trainer_without_transformers_names_the_extra_a_wheel_user_installs(monkeypatch) -> None:
+    import importlib
+    import sys
+
+    from lmforge import extras
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    monkeypatch.delitem(sys.modules, "lmforge.hf_trainer")
+    monkeypatch.setattr(extras, "source_checkout", lambda: None)  # installed from a wheel
+    with pytest.raises(ImportError) as caught:
+        importlib.import_module("lmforge.hf_trainer")
+    assert str(caught.value) == (
+        "lmforge.hf_trainer needs lmforge's `hf` extra (transformers, accelerate), which is not installed: "
+        "pip install 'lmforge[hf]'"
+    )

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import torch
 
+from lmforge.extras import extra_hint
+
 try:
     from transformers import Trainer as _Trainer
     from transformers.trainer import TRAINING_ARGS_NAME
 except ImportError as e:  # transformers is an optional dependency of lmforge
-    raise ImportError("lmforge.hf_trainer needs transformers and accelerate: pip install -e '.[hf]'") from e
+    raise ImportError(extra_hint("hf", "lmforge.hf_trainer")) from e
 
 from lmforge.checkpoints import load_weights
 from lmforge.models import Transformer
