@@ -92,3 +92,26 @@ def test_hf_trainer_without_transformers_names_the_extra_a_wheel_user_installs(m
         "lmforge.hf_trainer needs lmforge's `hf` extra (transformers, accelerate), which is not installed: "
         "pip install 'lmforge[hf]'"
     )
+
+
+# ----------------------------------------------------------------------------- preset names: prefix first
+_GPT2 = "error: unknown model preset 'gpt2' — did you mean 'gpt2-124m'? (or gpt2-350m, gpt2-774m, gpt2-1.5b)\n"
+
+
+def test_a_recipes_unknown_preset_and_model_info_suggest_the_presets_it_starts(tmp_path, capsys) -> None:
+    from training_testing import run_main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  preset: gpt2\n", encoding="utf-8")
+    rc, out, err = run_main(capsys, "pretrain", str(recipe), "--print-config")
+    assert rc != 0 and out == "" and err == _GPT2
+    rc, out, err = run_main(capsys, "model", "info", "gpt2")
+    assert rc != 0 and out == "" and err == _GPT2
+    rc, _, err = run_main(capsys, "model", "info", "electra-smal")  # a prefix of three: the smallest name first
+    assert err == (
+        "error: unknown model preset 'electra-smal' — did you mean 'electra-small'? "
+        "(or electra-small-generator, electra-small-rope)\n"
+    )
+    rc, _, err = run_main(capsys, "model", "info", "gtp2")  # nothing close: every preset
+    assert rc != 0 and err.count("\n") == 1
+    assert err.startswith("error: unknown model preset 'gtp2' (known: albert-base, albert-tiny, bart-base, ")

@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from lmforge.errors import LMForgeError, did_you_mean
+from lmforge.errors import LMForgeError
+from lmforge.flag_hints import suggest
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A mapping from recipe names to classes or factories, with helpful lookup errors."""
+    """A mapping from recipe names to classes or factories; an unknown name is one line that suggests the names
+    meant (`flag_hints.suggest`)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -28,7 +30,9 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            tip = did_you_mean(name, self._items, f"known: {', '.join(sorted(self._items))}")
+            # The names it starts or is part of first (gpt2 → gpt2-124m, ...), else difflib's closest, as the
+            # CLI's flags suggest them; nothing close: every name.
+            tip = suggest(name, self._items) or f" (known: {', '.join(sorted(self._items))})"
             raise LMForgeError(f"unknown {self.kind} '{name}'{tip}")
         return self._items[name]
 
