@@ -6,7 +6,8 @@ Methods here: acceptability (CoLA: mean token log-prob above a threshold tuned o
 RACE: the answer with the highest mean log-prob given the context), winograd (WSC, DPR: substitute each referent
 for the pronoun, the most likely sentence or rest of the sentence wins). Choice and winograd also run few-shot
 (`k` solved training examples first). Label-word classification (SST-2: "… very" + " positive"/" negative") and
-prompted generation are in `eval/fewshot.py`."""
+prompted generation are in `eval/fewshot.py`, GPT-2's translation prompts ("english sentence = french sentence")
+in `eval/translate_prompt.py`. Story Cloze is `choice` on `data.source=story-cloze`."""
 
 from __future__ import annotations
 
@@ -208,7 +209,8 @@ class Winograd:
 @dataclass
 class EvalSection:
     method: str = "prompt_classify"
-    """A registered method: prompt_classify, prompt_generate, acceptability, choice, winograd, minimal_pairs."""
+    """A registered method: prompt_classify, prompt_generate, translate, acceptability, choice, winograd,
+    minimal_pairs."""
     options: Any = None
 
 
@@ -224,7 +226,9 @@ class PromptEvalConfig:
 
 
 def _methods_registered() -> None:
-    from lmforge.eval import fewshot, minimal_pairs  # noqa: F401  (prompt_classify, prompt_generate, minimal_pairs)
+    # prompt_classify, prompt_generate; minimal_pairs; translate
+    from lmforge.eval import fewshot, minimal_pairs, translate_prompt  # noqa: F401
+    from lmforge.tasks import file_sources  # noqa: F401  (data.source story-cloze, parallel)
 
 
 def load_prompt_config(recipe: str | Path, overrides: list[str] | dict | None = None) -> PromptEvalConfig:
