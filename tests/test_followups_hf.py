@@ -1,6 +1,8 @@
-"""Hugging Face follow-ups: transformers' Trainer with a `transformers` tokenizer as processing_class, the generation
-config `lmforge.load` fills from the tokenizer, the hf_trainer install hint, preset names suggested by prefix, and the
-Hugging Face export of a multi-token-prediction decoder."""
+"""Follow-ups on the Hugging Face surface and the command line: transformers' Trainer with a `transformers` tokenizer
+as processing_class, the generation config `lmforge.load` fills from the tokenizer, task tokens grown through
+resize_token_embeddings, the hf_trainer install hint, preset names suggested by prefix, lmforge eval's Transformer-XL
+flags, an experiment's BLiMP eval checked at plan time, and the Hugging Face export of a multi-token-prediction
+decoder."""
 
 from __future__ import annotations
 
@@ -115,3 +117,25 @@ def test_a_recipes_unknown_preset_and_model_info_suggest_the_presets_it_starts(t
     rc, _, err = run_main(capsys, "model", "info", "gtp2")  # nothing close: every preset
     assert rc != 0 and err.count("\n") == 1
     assert err.startswith("error: unknown model preset 'gtp2' (known: albert-base, albert-tiny, bart-base, ")
+
+
+# ----------------------------------------------------------------------------- lmforge eval --segment / --mem-len
+def test_eval_declares_the_transformer_xl_memory_flags(tmp_path, capsys, monkeypatch) -> None:
+    from training_testing import run_main
+
+    import lmforge.eval.text
+
+    rc, out, _ = run_main(capsys, "eval", "--help")
+    assert rc == 0 and "[--segment N]" in out and "[--mem-len N]" in out
+    assert "--segment N           --text on a Transformer-XL run: tokens per segment" in out
+    calls = []
+    monkeypatch.setattr(lmforge.eval.text, "cmd_text", lambda *a, **kw: calls.append(kw))
+    rc, _, err = run_main(capsys, "eval", "RUN", "--text", "t.txt", "--segment", "4", "--mem-len=0")
+    assert rc == 0 and err == ""
+    assert (calls[0]["segment"], calls[0]["mem_len"], calls[0]["extra"]) == (4, 0, [])  # parsed once, by the CLI
+    rc, _, err = run_main(capsys, "eval", "RUN", "--text", "t.txt", "--segment=x")
+    assert rc == 2 and err == "error: --segment must be an integer >= 1, got 'x'\n"
+    rc, _, err = run_main(capsys, "eval", str(tmp_path), "--task", "blimp", "--mem-len", "8")
+    assert rc == 2 and err == (
+        "error: --mem-len sets the segment-recurrent scoring of --text FILE by a Transformer-XL run; give --text\n"
+    )
