@@ -28,6 +28,7 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], res
     """Fine-tune `init` (a run/checkpoint/HF dir, a preset, or none) on the recipe's task; print and return the
     best checkpoint's dev metrics (also in RUN/eval.json)."""
     from lmforge.tasks.data import data_label
+    from lmforge.tasks.multi_task import MultiTask
     from lmforge.tasks.resolve import finetune_config
     from lmforge.train.finetune import FineTuner
 
@@ -36,7 +37,9 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], res
     main = tuner.dist.is_main
     n = {k: len(v.examples) for k, v in tuner.splits.items()}
     if main:
-        print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({cfg.data.source} {data_label(cfg.data)}): "
+        data = ", ".join(tuner.task.subtasks) if isinstance(tuner.task, MultiTask) else None  # its tasks' data
+        data = data or f"{cfg.data.source} {data_label(cfg.data)}"
+        print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({data}): "
               + ", ".join(f"{k} {v}" for k, v in n.items()) + f"; {tuner.total_steps} steps")  # fmt: skip
     final = tuner.fit()
     if not main:  # rank 0 reports
@@ -51,9 +54,11 @@ def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], res
 def _scores_line(tuner, split: str, scores: dict[str, float]) -> str:
     """`scores` of `split`, with the baselines of that split beside them."""
     from lmforge.eval.finetuned import majority_baseline
+    from lmforge.tasks.multi_task import MultiTask
 
     line = ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
-    baseline = majority_baseline(tuner.splits["train"], tuner.splits[split])
+    pooled = not isinstance(tuner.task, MultiTask)  # a multi-task run gives each task's majority class (baselines)
+    baseline = majority_baseline(tuner.splits["train"], tuner.splits[split]) if pooled else None
     if baseline is not None:
         line += f" (majority-class baseline: accuracy {baseline:.4f})"
     for name, base in tuner.task.baselines(tuner.splits[split]).items():

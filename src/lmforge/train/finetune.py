@@ -27,9 +27,10 @@ from lmforge.models.init import reinit_top_blocks
 from lmforge.progress import status
 from lmforge.tasks.backbone import checkpoint_config, task_token_rows
 from lmforge.tasks.config import FinetuneConfig, finetune_to_dict
-from lmforge.tasks.data import load_splits
 from lmforge.tasks.inputs import batches, collate
+from lmforge.tasks.mixing import MixtureSampler
 from lmforge.tasks.model import set_dropout
+from lmforge.tasks.multi_task import load_task_splits, train_sampler
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, barrier, rank_seed
 from lmforge.train.loop_spec import LoopSpec, Saved, Selection
@@ -43,21 +44,27 @@ FROZEN = ("model", "task", "data", "peft")
 
 
 class FeatureBatches:
-    """Epochs of a seeded shuffle of the training features cut into global batches; this rank takes every
-    world_size-th example of each, weighted by its share (a rank left without examples in a short last batch runs
-    one example at weight 0, so DDP's collective still sees every rank)."""
+    """Epochs of a seeded shuffle of the training features cut into global batches (a multi-task run's `sampler`
+    draws each epoch's features by its mixing rates instead); this rank takes every world_size-th example of each,
+    weighted by its share (a rank left without examples in a short last batch runs one example at weight 0, so
+    DDP's collective still sees every rank)."""
 
-    def __init__(self, features: list[dict], global_batch: int, dist: DistInfo, seed: int, pad_id: int) -> None:
+    def __init__(self, features: list[dict], global_batch: int, dist: DistInfo, seed: int, pad_id: int,
+                 sampler: MixtureSampler | None = None) -> None:  # fmt: skip
         self.features, self.global_batch, self.dist = features, global_batch, dist
-        self.seed, self.pad_id = seed, pad_id
-        self.per_epoch = math.ceil(len(features) / global_batch)
+        self.seed, self.pad_id, self.sampler = seed, pad_id, sampler
+        self.per_epoch = math.ceil((sampler.epoch_size if sampler else len(features)) / global_batch)
         self.epoch = self.index = 0
         self._chunks: list[list[dict]] | None = None
 
     def __next__(self) -> Batch:
         if self._chunks is None:
             gen = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
-            self._chunks = list(batches(self.features, self.global_batch, gen))
+            if self.sampler is None:
+                self._chunks = list(batches(self.features, self.global_batch, gen))
+            else:
+                order, size = self.sampler.indices(gen), self.global_batch
+                self._chunks = [[self.features[j] for j in order[i : i + size]] for i in range(0, len(order), size)]
         chunk = self._chunks[self.index]
         self.index += 1
         if self.index == self.per_epoch:
@@ -102,7 +109,7 @@ class FineTuner:
         self.resume_from = self.session.find_resume(finetune_to_dict(cfg), resume, FROZEN)
         task_cls = TASKS.get(cfg.task.type)
         _check_select_metric(t.select_metric, getattr(cfg.task.options, "metrics", None) or task_cls.default_metrics)
-        self.splits = load_splits(cfg.data)
+        self.splits = load_task_splits(cfg)  # a multi_task run: every task's, tagged (tasks/multi_task.py)
         backbone, self.tokenizer = load_backbone(cfg.model, lambda: example_texts([self.splits["train"]]))
         if cfg.model.dropout is not None:
             set_dropout(backbone, cfg.model.dropout)
@@ -125,7 +132,8 @@ class FineTuner:
         if not self.train_features:
             raise LMForgeError("no training features: every training example was skipped")
         global_batch = t.batch_size * d.world_size
-        source = FeatureBatches(self.train_features, global_batch, d, cfg.run.seed, self.task.pad_id)
+        sampler = train_sampler(self.task, self.train_features)  # a multi_task run's mixing rates
+        source = FeatureBatches(self.train_features, global_batch, d, cfg.run.seed, self.task.pad_id, sampler)
         self.per_epoch = source.per_epoch
         self.total_steps = t.max_steps or self.per_epoch * max(t.epochs, math.ceil(t.min_steps / self.per_epoch))
         loop_cfg = dataclasses.replace(t, max_steps=self.total_steps)
