@@ -78,6 +78,12 @@ def test_story_cloze_picks_the_ending_with_the_higher_loglikelihood_given_the_st
     assert got == {"accuracy": pytest.approx(want)}
     flipped = {"test": Dataset([Example(text=e.text, choices=e.choices, label=1 - e.label) for e in exs])}
     assert Choice(cfg.eval.options).run(LM(model, tok), flipped, "test") == {"accuracy": pytest.approx(1 - want)}
+    # --eval.normalize=mean: the mean token log-probability of each ending decides instead (GPT-1 §5).
+    mean = load_prompt_config("story-cloze", [f"--data.dir={STORIES}", "--eval.normalize=mean"]).eval.options
+    n_tokens = [[len(LM(model, tok).encode_pair(e.text, " " + c)[1]) for c in e.choices] for e in exs]
+    means = [[s / n for s, n in zip(ss, ns)] for ss, ns in zip(scores, n_tokens)]
+    want_mean = sum(max(range(2), key=m.__getitem__) == e.label for m, e in zip(means, exs)) / len(exs)
+    assert Choice(mean).run(LM(model, tok), splits, "test") == {"accuracy": pytest.approx(want_mean)}
 
 
 def write(path: Path, text: str) -> Path:

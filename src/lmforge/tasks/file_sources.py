@@ -63,8 +63,8 @@ def parallel_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
     files |= {s: Path(getattr(cfg, s)) for s in SPLITS if getattr(cfg, s) is not None}
     if not files:
         where = f"no train.tsv, dev.tsv or test.tsv in {cfg.dir}" if cfg.dir else "no file given"
-        raise LMForgeError(f"data.source=parallel: {where} (a tab-separated file of sentence pairs: --data.test=FILE, "
-                           "--data.train=FILE, --data.dev=FILE, or --data.dir=DIR)")  # fmt: skip
+        raise LMForgeError(f"data.source=parallel: {where} (a tab-separated file of sentence pairs: --data.train=FILE, "
+                           "--data.dev=FILE, --data.test=FILE, or --data.dir=DIR)")  # fmt: skip
     return {split: read_parallel(path, src, tgt) for split, path in files.items()}
 
 
