@@ -6,6 +6,8 @@ decoder."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -13,8 +15,11 @@ from lm_objective_testing import tokenizer
 from model_testing import V, tiny
 
 import lmforge
+from lmforge.experiments.spec import load_experiment
 from lmforge.hf_trainer import Trainer
 from lmforge.models import Transformer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "blimp"
 
 
 def _rows(n: int, vocab: int, T: int = 16) -> list[dict]:
@@ -139,3 +144,42 @@ def test_eval_declares_the_transformer_xl_memory_flags(tmp_path, capsys, monkeyp
     assert rc == 2 and err == (
         "error: --mem-len sets the segment-recurrent scoring of --text FILE by a Transformer-XL run; give --text\n"
     )
+
+
+# ----------------------------------------------------------------------------- an experiment's BLiMP eval data
+_PRETRAIN = {"recipe": "gpt", "seeds": [0], "arms": ["gpt"],
+             "overrides": {"model.preset": "gpt-tiny", "train.batch_size": 8, "train.seq_len": 32}}  # fmt: skip
+
+
+def _blimp_experiment(tmp_path, overrides: dict) -> Path:
+    import yaml
+
+    grammar = {"name": "grammar", "task": "blimp", "overrides": overrides}
+    data = {"out": str(tmp_path / "out"), "budget": {"tokens": 2560}, "pretrain": _PRETRAIN, "eval": [grammar]}
+    path = tmp_path / "grammar.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_an_experiments_blimp_eval_without_its_data_is_refused_before_pretraining(tmp_path, capsys, monkeypatch):
+    from training_testing import run_main
+
+    from lmforge.experiments import plan
+
+    missing = tmp_path / "no-blimp"
+    for overrides, error in [
+        ({}, "data.source=blimp needs data.dir, the directory of BLiMP's <paradigm>.jsonl files (BLiMP is not "
+             "bundled): --eval.data.dir=DIR"),
+        ({"data.dir": str(missing)}, f"minimal-pair directory not found: {missing}"),
+    ]:  # fmt: skip
+        rc, _, err = run_main(capsys, "experiment", str(_blimp_experiment(tmp_path, overrides)))
+        assert rc == 2 and err == f"error: eval: grammar: {error}\n"
+        assert not (tmp_path / "out" / "pretrain").exists() and not (tmp_path / "out" / "shared").exists()
+    # The dir given on the experiment's command line, or a good one: planning goes on to the pretraining data.
+    reached = []
+    monkeypatch.setattr(plan, "_pretraining", lambda exp, make_data: reached.append(make_data) or ({}, {}, set()))
+    plan.plan_experiment(load_experiment(_blimp_experiment(tmp_path, {"data.dir": str(FIXTURE)})))
+    exp = load_experiment(_blimp_experiment(tmp_path, {}), [f"--eval.data.dir={FIXTURE}"])
+    plan.plan_experiment(exp)
+    assert reached == [True, True]
+    plan.plan_experiment(load_experiment(_blimp_experiment(tmp_path, {})), make_data=False)  # a dry run lists it

@@ -32,7 +32,10 @@ class Plan:
 
 def plan_experiment(exp: Experiment, make_data: bool = True) -> Plan:
     """Every run of the experiment, validated (bad keys and values fail here, before anything runs). With
-    `make_data`, the shared tokenizers and corpora are trained and prepared first (a dry run plans without them)."""
+    `make_data`, the evaluations' data dirs are checked and the shared tokenizers and corpora are trained and
+    prepared first (a dry run plans without them)."""
+    if make_data:
+        _check_eval_data(exp)
     pre, cfgs, tokenizers = _pretraining(exp, make_data)
     plan = Plan([a for runs in pre.values() for a in runs.values()], pre)
     plan.tokenizer = tokenizers.pop() if len(tokenizers) == 1 else None
@@ -259,6 +262,28 @@ def _recipe_for(task: FinetuneTask, arch: str | None, spec: ArmSpec, over: dict,
     if arch not in task.recipe:
         raise LMForgeError(f"{what}: task {task.name} has no recipe for the arm's architecture '{arch}'")
     return task.recipe[arch]
+
+
+def _check_eval_data(exp: Experiment) -> None:
+    """One line, before any run starts, for a BLiMP evaluation whose minimal pairs its arms would not find: no
+    data.dir (BLiMP is not bundled), or one that is not a directory of <paradigm>.jsonl files. Otherwise the
+    pretraining would run to its end and each eval arm fail."""
+    from lmforge.data.blimp import paradigm_files
+    from lmforge.eval.zeroshot import load_prompt_config
+
+    for e in exp.evals:
+        try:
+            data = load_prompt_config(e.task, cli_args(e.overrides)).data
+            if data.source != "blimp":
+                continue
+            if data.dir is None:
+                raise LMForgeError(
+                    "data.source=blimp needs data.dir, the directory of BLiMP's <paradigm>.jsonl files (BLiMP is "
+                    "not bundled): --eval.data.dir=DIR"
+                )
+            paradigm_files(data.dir)
+        except LMForgeError as err:
+            raise LMForgeError(f"eval: {e.name}: {err}") from None
 
 
 def _evaluations(exp: Experiment, pre: dict[str, dict[int, Arm]]) -> list[Arm]:
