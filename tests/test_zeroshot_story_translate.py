@@ -271,3 +271,26 @@ def test_lmforge_eval_runs_the_documented_commands(pretrained, tmp_path, task, d
     assert run_prompt_eval(cfg, model, tok) == pytest.approx(results[name])  # the CLI runs the same evaluation
     value = results[name][metric]
     assert value in {i / 6 for i in range(7)} if metric == "accuracy" else 0.0 <= value <= 1.0  # 6 stories / pairs
+
+
+def test_translation_prompts_on_the_fetched_english_spanish_pairs(tmp_path, monkeypatch):
+    """The registries' one aligned pair, `lmforge data fetch bible-en-es` (a stand-in written in its layout here):
+    example pairs from its train split, queries from its test split."""
+    root = tmp_path / "data" / "bible-en-es"
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text(json.dumps({"labels": None, "task_type": "text_to_text"}), encoding="utf-8")
+    pairs = {"train": [("In the beginning.", "En el principio."), ("And there was light.", "Y fue la luz."),
+                       ("The earth was empty.", "La tierra estaba vacía."), ("God saw the light.", "Dios vio la luz.")],
+             "dev": [("It was good.", "Era bueno.")], "test": [("Let there be light.", "Sea la luz.")]}  # fmt: skip
+    for split, rows in pairs.items():
+        lines = [json.dumps({"text": en, "target": es}) + "\n" for en, es in rows]
+        (root / f"{split}.jsonl").write_text("".join(lines), encoding="utf-8")
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path))
+    over = ["--data.source=fetched", "--data.name=bible-en-es", "--name=translate-en-es", "--eval.k=4"]
+    cfg = load_prompt_config("translate-en-fr", over)
+    splits = load_splits(cfg.data, require_train=False)
+    prompt = Translate(cfg.eval.options).prompts(splits, "test")[0]
+    assert cfg.name == "translate-en-es" and prompt.split("\n")[-1] == "Let there be light. ="
+    assert sorted(prompt.split("\n")[:4]) == sorted(f"{en} = {es}" for en, es in pairs["train"])
+    lm = LookupLM({"Let there be light.": "Sea la luz."})
+    assert Translate(cfg.eval.options).run(lm, splits, "test") == {"bleu": pytest.approx(1.0)}
