@@ -1,7 +1,8 @@
 """More than one node, on this machine: two torchrun launchers, each one "node" of `--nnodes=2` found through a c10d
 rendezvous on 127.0.0.1 (gloo on CPUs), train one fsdp run into one run dir; the run, stopped after step 2,
 resumes on one node with one process and the global batch kept, with the losses of the uninterrupted two-node run
-(the promise of docs/distributed.md, "More than one machine")."""
+(the promise of docs/distributed.md, "More than one machine"). Nodes that each see their own run dir are refused
+with one line on every node, before any work."""
 
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ def test_two_nodes_train_one_run_that_resumes_on_one_node(prepared, tmp_path):
         assert sorted(p.name for p in (c / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         manifest = json.loads((c / ck.MANIFEST_FILE).read_text())["files"]
         assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(manifest)
+    assert not [p.name for p in two.iterdir() if p.name.startswith(".shared-probe")]
 
     # Stopped after step 2, the run continues on 1 node × 1 process with the same global batch (1 × 8 = 2 × 4).
     resumed = tmp_path / "resumed"
@@ -145,3 +147,20 @@ def test_two_nodes_train_one_run_that_resumes_on_one_node(prepared, tmp_path):
     assert sorted(after) == [1, 2, 3, 4, 5, 6]
     assert max(abs(after[s] - uninterrupted[s]) for s in range(1, 7)) < TOL, (after, uninterrupted)
     assert (ck.latest_checkpoint(resumed) / "dcp" / "__0_0.distcp").is_file()
+
+
+@pytest.mark.slow
+def test_nodes_that_each_see_their_own_run_dir_are_refused_on_every_node(prepared, tmp_path):
+    apart = (tmp_path / "node0" / "run", tmp_path / "node1" / "run")  # one path per node, as two local disks
+    done = two_nodes(prepared, apart, "--train.batch_size=4", cwd=tmp_path)
+    host = socket.gethostname()
+    for (rc, err), run in zip(done, apart):
+        line = (f"error: run dir {run} is not one directory for every node: rank 1 on {host} does not see the file "
+                f"rank 0 on {host} wrote in it; a run over several nodes needs its run dir on a filesystem every "
+                "node mounts at the same path (NFS, Lustre, ...): choose such a --run.dir")  # fmt: skip
+        assert rc != 0 and err.splitlines().count(line) == 1, err[-3000:]
+        assert "Traceback" not in err.split(line)[0]  # the worker stops with the line, before any work
+    # The run dir rank 0 locked holds no step, no metrics and no probe; the other node's was never made.
+    made = [run for run in apart if run.exists()]
+    assert len(made) == 1
+    assert sorted(p.name for p in made[0].iterdir()) == [".lock"]

@@ -1,12 +1,18 @@
-"""torch.distributed setup for torchrun launches (NCCL on GPUs, gloo on CPUs)."""
+"""torch.distributed setup for torchrun launches (NCCL on GPUs, gloo on CPUs), on one node or several."""
 
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from lmforge.errors import LMForgeError
+from lmforge.files import open_no_follow, os_reason
 
 
 @dataclass
@@ -50,6 +56,62 @@ def broadcast_object(obj, info: DistInfo):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's `obj` (picklable), in rank order, on every rank."""
+    if not info.enabled:
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_shared_dir(path: Path, info: DistInfo, what: str = "run dir", option: str = "--run.dir") -> None:
+    """Stop every rank with the same one line unless each of them sees a file rank 0 writes in `path`.
+
+    Rank 0 alone writes a run's tokenizer, prepared data and plain checkpoints, and publishes the shards every rank
+    writes; every rank reads them back (after a barrier, and when it resumes). Ranks on a node that has its own copy
+    of `path` would read nothing or stale files: resume from another step than rank 0, then wait forever on a
+    collective rank 0 never joins. The probe is a new file (fsynced and closed before the others look, so NFS's
+    close-to-open consistency shows it to them), removed once every rank has looked."""
+    if not info.enabled:
+        return
+    name, error = None, None
+    if info.is_main:
+        name = f".shared-probe-{os.getpid()}-{secrets.token_hex(6)}"
+        try:
+            fd = open_no_follow(Path(path) / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, name.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            error = f"{what} {path} is not writable ({os_reason(e)}): choose another {option}"
+    name, error = broadcast_object((name, error), info)
+    if error:
+        raise LMForgeError(error)
+    probe = Path(path) / name
+    try:
+        seen = probe.read_bytes() == name.encode()
+    except OSError:
+        seen = False
+    views = gather_objects((seen, socket.gethostname()), info)
+    if info.is_main:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass  # a stray probe harms nothing; failing on rank 0 alone would leave the others waiting
+    blind = [(rank, host) for rank, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        rank, host = blind[0]
+        others = f" (and {len(blind) - 1} more ranks)" if len(blind) > 1 else ""
+        raise LMForgeError(
+            f"{what} {path} is not one directory for every node: rank {rank} on {host}{others} does not see the "
+            f"file rank 0 on {views[0][1]} wrote in it; a run over several nodes needs its {what} on a filesystem "
+            f"every node mounts at the same path (NFS, Lustre, ...): choose such a {option}"
+        )
 
 
 def barrier(info: DistInfo) -> None:

@@ -25,7 +25,7 @@ from lmforge.config.sections import LoopConfig
 from lmforge.files import refuse_link
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.distributed import DistInfo, cleanup, init_distributed, rank_seed
+from lmforge.train.distributed import DistInfo, check_shared_dir, cleanup, init_distributed, rank_seed
 from lmforge.train.loop import Loop
 from lmforge.train.loop_spec import LoopSpec
 from lmforge.train.metrics import MetricsLogger
@@ -39,8 +39,9 @@ from lmforge.train.sinks import check_sinks
 class RunSession:
     """One run's frame. Construction checks the sinks (a missing package is refused before any work), joins the
     process group torchrun describes (`distributed`), picks `train.device`, locks the run dir (a second process is
-    refused at once) and seeds Python's, NumPy's and torch's generators — with `rank_seeds`, each rank its own seed
-    (rank 0 keeps `seed`: a one-process run's stream). `section` names the loop's config section in error lines."""
+    refused at once), checks that every rank sees that dir (nodes that each have their own are refused) and seeds
+    Python's, NumPy's and torch's generators — with `rank_seeds`, each rank its own seed (rank 0 keeps `seed`: a
+    one-process run's stream). `section` names the loop's config section in error lines."""
 
     def __init__(
         self, run_dir: str | Path, train: LoopConfig, *, seed: int, rank_seeds: bool = True,
@@ -56,6 +57,7 @@ class RunSession:
         self.resume_from: Path | None = None
         self.log: MetricsLogger | None = None
         with self.closed_on_error():
+            check_shared_dir(self.dir, self.dist)  # every rank reads what rank 0 writes there, resumes included
             for own in (ckpt.CHECKPOINTS_DIR, ckpt.BEST_DIR):  # before any work, not at the first save
                 refuse_link(self.dir / own)
             seed_everything(rank_seed(seed, self.dist.rank) if rank_seeds else seed)
