@@ -23,7 +23,7 @@ from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
-from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective, check_rates
+from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective, MLMOptions, check_rates
 from lmforge.registry import OBJECTIVES
 
 SHARED_EMBEDDINGS = ("pos_emb", "type_emb", "emb_norm")  # encoder-stack modules the generator borrows
@@ -52,6 +52,11 @@ class ElectraOptions:
     [MASK], 0% random, 15% unchanged."""
     random_frac: float = 0.0
     static: bool = False
+    """Static masks: each example masked in dupe_factor fixed ways, chosen in advance, instead of anew every time it
+    is seen (the generator still samples its replacements anew)."""
+    dupe_factor: int | None = None
+    """With static: the masked copies of each example, epoch e using copy e mod dupe_factor (BERT's
+    create_pretraining_data --dupe_factor; mlm's objective.dupe_factor). None = 10; 1 = one mask for the run."""
     whole_word: bool = False
     disc_weight: float = 50.0
     """λ, the weight of the discriminator loss (§2: λ = 50)."""
@@ -62,6 +67,7 @@ class ElectraOptions:
 
     def __post_init__(self) -> None:
         check_rates(self)
+        MLMOptions(static=self.static, dupe_factor=self.dupe_factor)  # dupe_factor's rules, as mlm states them
         if self.disc_weight < 0:
             raise LMForgeError(f"objective.disc_weight must be >= 0, got {self.disc_weight}")
         if not 0.0 < self.generator_scale <= 1.0:

@@ -27,7 +27,7 @@ from lmforge.models.lm_head import cross_entropy
 from lmforge.models.position_schemes import POSITION_SCHEMES
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
-from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective
+from lmforge.objectives.mlm import EVAL_SALT, MaskedObjective, MLMOptions
 from lmforge.registry import OBJECTIVES
 
 ABSOLUTE_OR_ROTARY = tuple(name for name, s in POSITION_SCHEMES.items() if s.per_token)
@@ -45,7 +45,11 @@ class MAELMOptions:
     whole_word: bool = False
     """Select whole words: all sub-word tokens of a word are removed together."""
     static: bool = False
-    """Same masks for an example every epoch instead of new ones."""
+    """Static masks: each example masked in dupe_factor fixed ways, chosen in advance, instead of anew every time it
+    is seen."""
+    dupe_factor: int | None = None
+    """With static: the masked copies of each example, epoch e using copy e mod dupe_factor (BERT's
+    create_pretraining_data --dupe_factor; mlm's objective.dupe_factor). None = 10; 1 = one mask for the run."""
     decoder_layers: int = 4
     """Depth of the shallow decoder (the released base pretraining script: 4 layers, the encoder's width)."""
 
@@ -54,6 +58,7 @@ class MAELMOptions:
             raise LMForgeError(f"objective.mask_rate must be between 0 and 1 (exclusive), got {self.mask_rate}")
         if self.decoder_layers < 1:
             raise LMForgeError(f"objective.decoder_layers must be at least 1, got {self.decoder_layers}")
+        MLMOptions(static=self.static, dupe_factor=self.dupe_factor)  # dupe_factor's rules, as mlm states them
 
 
 def decoder_config(encoder: ModelConfig, n_layers: int) -> ModelConfig:
@@ -152,11 +157,6 @@ class MAELM(MaskedObjective):
                 f"{', '.join(heads)} (e.g. --model.preset=mae-lm-tiny)"
             )
         return MAELMModel(model_cfg, decoder_config(model_cfg, self.options.decoder_layers), self.mask_id)
-
-    def transform(self, tokens) -> dict[str, Tensor]:
-        batch = self.inputs(tokens)
-        draws = M.Draws.static(batch["input_ids"], self.seed) if self.options.static else M.Draws()
-        return self.mask(batch, draws)
 
     def eval_transform(self, tokens) -> dict[str, Tensor]:
         batch = self.inputs(tokens)

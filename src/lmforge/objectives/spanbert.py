@@ -21,7 +21,7 @@ from lmforge.models import Transformer
 from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput
-from lmforge.objectives.mlm import MaskedObjective, check_rates, mlm_loss
+from lmforge.objectives.mlm import MaskedObjective, MLMOptions, check_rates, mlm_loss
 from lmforge.registry import OBJECTIVES
 
 
@@ -38,7 +38,11 @@ class SpanBERTOptions:
     max_span: int = 10
     """Longest span in words (the distribution is truncated and renormalised)."""
     static: bool = False
-    """Same spans for an example every epoch instead of new ones."""
+    """Static spans: each example masked in dupe_factor fixed ways, chosen in advance, instead of anew every time it
+    is seen."""
+    dupe_factor: int | None = None
+    """With static: the masked copies of each example, epoch e using copy e mod dupe_factor (BERT's
+    create_pretraining_data --dupe_factor; mlm's objective.dupe_factor). None = 10; 1 = the same spans all run."""
     sbo: bool = True
     """Add the span boundary objective (§3.2); false = the MLM loss alone."""
     sbo_positions: int = 32
@@ -46,6 +50,7 @@ class SpanBERTOptions:
 
     def __post_init__(self) -> None:
         check_rates(self)
+        MLMOptions(static=self.static, dupe_factor=self.dupe_factor)  # dupe_factor's rules, as mlm states them
         if self.sbo_positions < 1:
             raise LMForgeError(f"objective.sbo_positions must be at least 1, got {self.sbo_positions}")
         if not 0.0 < self.geometric_p <= 1.0:
