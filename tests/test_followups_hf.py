@@ -183,3 +183,30 @@ def test_an_experiments_blimp_eval_without_its_data_is_refused_before_pretrainin
     plan.plan_experiment(exp)
     assert reached == [True, True]
     plan.plan_experiment(load_experiment(_blimp_experiment(tmp_path, {})), make_data=False)  # a dry run lists it
+
+
+# ----------------------------------------------------------------------------- export of a multi-token predictor
+@pytest.mark.parametrize("preset,family", [("gpt-mtp-tiny", "gpt2"), ("llama-mtp-tiny", "llama")])
+def test_a_multi_token_prediction_decoder_exports_as_its_next_token_model(preset, family, tmp_path, capsys) -> None:
+    from model_testing import assert_parity
+    from safetensors import safe_open
+
+    from lmforge.models.hf import export_hf
+
+    model = tiny(preset)  # gpt: parallel heads (Gloeckle et al. 2024); llama: sequential (DeepSeek-V3)
+    n = model.config.mtp_heads
+    assert n and any(k.startswith("mtp.") for k in model.state_dict())
+    export_hf(model, tmp_path / "hf")
+    assert capsys.readouterr().err == (
+        f"note: the export leaves out the model's {n} multi-token prediction head(s) (they train only; Hugging Face "
+        f"{family} has none): the exported model predicts the next token as the lmforge model does\n"
+    )
+    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
+        assert not [k for k in f.keys() if "mtp" in k]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.model_type == family
+    assert_parity(model, hf)  # the same hidden states and next-token logits on every real position
+    ids = torch.randint(4, V, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-4, rtol=0)
+        assert len(model(ids, mtp=True).mtp_logits) == n  # the lmforge model keeps its heads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -13,8 +13,10 @@ from torch import nn
 
 from lmforge.errors import LMForgeError
 from lmforge.files import load_torch_file, loads_json
+from lmforge.models.config import ModelConfig
 from lmforge.models.hf.base import Converter, StateDict, converter_for, converter_of
 from lmforge.models.model import Transformer
+from lmforge.progress import status
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -135,11 +137,25 @@ def _aliases(model: nn.Module) -> dict[str, str]:
     return out
 
 
+_MTP_DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.name.startswith("mtp_")}
+MTP_PREFIX = "mtp."
+"""State-dict names of a decoder's multi-token prediction heads (models/mtp.py)."""
+
+
+def next_token_model(cfg: ModelConfig, sd: StateDict) -> tuple[ModelConfig, StateDict]:
+    """The config and tensors a Hugging Face twin holds. A decoder with multi-token prediction heads drops them: they
+    run only in training (`forward(..., mtp=True)`), and without them the model is a plain decoder of the same
+    next-token logits (models/mtp.py: the next-token head is the stack's last block). Other models: as they are."""
+    if not cfg.mtp_heads:
+        return cfg, sd
+    return replace(cfg, **_MTP_DEFAULTS), {k: v for k, v in sd.items() if not k.startswith(MTP_PREFIX)}
+
+
 def hf_state_and_config(model: nn.Module) -> tuple[Converter, StateDict, dict]:
-    """The converter, HF-named tensors and HF config of an lmforge model; LMForgeError if it has no HF twin."""
+    """The converter, HF-named tensors and HF config of an lmforge model (a multi-token prediction decoder's without
+    its extra heads, `next_token_model`); LMForgeError if it has no HF twin."""
     model = getattr(model, "_orig_mod", model)
-    cfg = model.config
-    sd = model.state_dict()
+    cfg, sd = next_token_model(model.config, model.state_dict())
     conv = converter_of(cfg, sd)
     hf_sd = conv.state_to_hf(sd, cfg)
     covered = {p.ours for p in conv.pairs(cfg)} | set(_aliases(model))
@@ -157,7 +173,13 @@ def export_hf(model: nn.Module, out_dir: str | Path, tokenizer=None) -> Path:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise LMForgeError(f"cannot export to {out}: it is a file")
-    _, hf_sd, hf_cfg = hf_state_and_config(model)
+    conv, hf_sd, hf_cfg = hf_state_and_config(model)
+    n_mtp = getattr(model, "_orig_mod", model).config.mtp_heads
+    if n_mtp:
+        status(
+            f"note: the export leaves out the model's {n_mtp} multi-token prediction head(s) (they train only; Hugging "
+            f"Face {conv.model_type} has none): the exported model predicts the next token as the lmforge model does"
+        )
     if tokenizer is not None:
         for role in ("bos", "eos"):
             tid = getattr(tokenizer, f"{role}_id")
