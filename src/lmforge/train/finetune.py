@@ -33,6 +33,7 @@ from lmforge.tasks.model import set_dropout
 from lmforge.tasks.multi_task import load_task_splits, train_sampler
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, barrier, rank_seed
+from lmforge.train.gradual_prune import finetuning_callbacks
 from lmforge.train.loop_spec import LoopSpec, Saved, Selection
 from lmforge.train.prefetch import Batch
 from lmforge.train.session import RunSession
@@ -115,6 +116,8 @@ class FineTuner:
             set_dropout(backbone, cfg.model.dropout)
         if cfg.model.reinit_top:
             reinit_top_blocks(backbone, cfg.model.reinit_top)
+        # A backbone pruned while pretraining keeps its zeros (Gordon et al. 2020); read before adapters wrap it.
+        callbacks, self.pruned = finetuning_callbacks(cfg.model.init, backbone, t.parallel)
         self.labels = task_cls.label_set(self.splits["train"])
         self.task = task_cls(cfg.task.options, self.tokenizer, self.labels)
         self.model = self.task.build(backbone).to(self.device)
@@ -148,7 +151,9 @@ class FineTuner:
         )
         config = finetune_to_dict(cfg)
         loss_fn = with_consistency(self.task) if cfg.peft.method == "adamix" else self.task.loss
-        self.loop = self.session.start(self.model, loss_fn, source, spec, config=config, loop_cfg=loop_cfg)
+        self.loop = self.session.start(
+            self.model, loss_fn, source, spec, config=config, loop_cfg=loop_cfg, callbacks=callbacks
+        )
         self.log = self.session.log
         if self.resume_from is not None and d.is_main:
             print(f"resumed from {self.resume_from} at step {self.loop.step}", file=sys.stderr)

@@ -21,6 +21,7 @@ from lmforge.progress import status
 from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
 from lmforge.train.distributed import DistInfo, rank_seed, sums_across
+from lmforge.train.gradual_prune import check_prune_config, pretraining_callbacks
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.memory import available_memory, check_model_fits
 from lmforge.train.metrics import peak_flops
@@ -93,6 +94,7 @@ class Pretraining:
         self.resume_from = self.session.find_resume(to_dict(cfg), resume)
         check_inputs(cfg)
         check_schedule(cfg)  # also for configs not made by load_config (resumed, built in Python)
+        check_prune_config(cfg.prune, cfg.train)
         t = cfg.train  # a model too large to train here is refused before the tokenizer, data or model are made
         room = available_memory(self.device, t.parallel, d.world_size, t.cpu_offload)
         check_model_fits(cfg.model, t.optimizer, *room)
@@ -135,11 +137,15 @@ class Pretraining:
             worker_batches=lengths is None or t.time_budget is None,
         )
         reseed = lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank))  # noqa: E731
+        # prune.during_pretraining: masks recomputed on Gordon et al.'s schedule after each optimizer step.
+        callbacks, self.pruner = pretraining_callbacks(cfg.prune, self.raw_model, t, callbacks, lambda: self.loop.total)
         self.loop = self.session.start(
             self.raw_model, self.objective.loss, batches, spec, config=to_dict(cfg), callbacks=callbacks, reseed=reseed
         )
         if lengths is not None:
             lengths.total = lambda: self.loop.total
+        if self.pruner is not None:
+            self.pruner.start(self.loop.step)  # resumed: the checkpoint's zeros are the mask
         self.log = self.session.log
         # Always said, also with --quiet: where a run continued belongs in its log.
         if self.resume_from is not None and d.is_main:

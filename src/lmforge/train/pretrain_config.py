@@ -1,5 +1,6 @@
-"""The pretraining run's config: its sections (run, model, data, objective, train, sample), how a recipe, run.init and
-the user's overrides make one, and how its data and train values are fitted to the model (`fit_to_model`)."""
+"""The pretraining run's config: its sections (run, model, data, objective, train, sample, prune), how a recipe,
+run.init and the user's overrides make one, and how its data and train values are fitted to the model
+(`fit_to_model`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from lmforge.config.types import NonNegFloat, NonNegInt, PosFloat, PosInt, Range
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
 from lmforge.tokenizers.specials import Family
+from lmforge.train.gradual_prune import PruneConfig
 from lmforge.train.seq_len_schedule import check_schedule
 
 
@@ -118,6 +120,8 @@ class Config:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    """Gradual magnitude pruning while pretraining (train/gradual_prune.py)."""
 
 
 SECTION_NAMES = {"model": "preset", "objective": "name"}
