@@ -249,3 +249,12 @@ def test_mix_t5_documented_commands_resolve(capsys, args, mix):
     cfg = yaml.safe_load(out)
     assert cfg["task"]["type"] == "multi_task" and cfg["task"]["tasks"] == ["sst2-t5", "hedge-t5", "drugs-t5"]
     assert cfg["task"]["mix"] == mix
+
+
+def test_help_lists_the_mixing_keys(capsys):
+    rc, out, err = run_main(capsys, "finetune", "mix-t5", "--help")
+    assert rc == 0, err
+    assert "task.type=multi_task (this recipe's)" in out
+    assert "task.tasks: list of string = ['sst2-t5', 'hedge-t5', 'drugs-t5'] (default [])" in out
+    assert "task.mix.rate: one of 'proportional', 'temperature', 'equal' = 'proportional'" in out
+    assert "task.mix.limit: integer > 0 or null = 4096 (default null)" in out
