@@ -1,4 +1,5 @@
-"""Compression: knowledge distillation, int8 dynamic quantisation, magnitude and head pruning, and the report."""
+"""Compression: knowledge distillation (DistilBERT), int8 dynamic quantisation, Q8BERT quantisation-aware
+training, magnitude and head pruning, and the report. Pruning while pretraining lives in lmforge.train.gradual_prune."""
 
 from lmforge.compress.distill import (
     DistillWeights,
@@ -16,10 +17,14 @@ from lmforge.compress.prune import (
     remove_heads,
     weight_sparsity,
 )
+from lmforge.compress.qat import apply_qat, export_int8, fake_quantize
 from lmforge.compress.quantize import quantize_int8
 
 __all__ = [
     "DistillWeights",
+    "apply_qat",
+    "export_int8",
+    "fake_quantize",
     "distillation_loss",
     "head_importance",
     "hidden_state_loss",

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict
 from lmforge.config.sections import LoopConfig, OptimConfig
-from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Seed
+from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Range, Seed
 
 
 @dataclass
@@ -59,6 +59,22 @@ class DistillSection(CompressTrain):
 
 
 @dataclass
+class QATSection(CompressTrain):
+    """Q8BERT quantisation-aware fine-tuning of a copy of the teacher (Zafrir et al. 2019), then its int8 export."""
+
+    bits: Annotated[int, Range(2, 8)] = 8
+    """Bits of the symmetric quantisation of weights and activations (M = 2^(bits-1) - 1)."""
+    ema_decay: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.9999
+    """Decay of the exponential moving average of max|x| each layer's input scale comes from (nlp-architect's)."""
+    embeddings: bool = True
+    """Quantise the token, segment and position tables too (Q8BERT quantises every Embedding)."""
+    skip: list[str] = field(default_factory=list)
+    """Linear or embedding layers left in float (qualified names or their last parts, e.g. lm_head)."""
+    max_steps: PosInt = 200
+    lr: NonNegFloat = 5e-5
+
+
+@dataclass
 class PruneSection(CompressTrain):
     sparsity: OpenFraction = 0.5
     """Global magnitude pruning: the fraction of the blocks' linear weights set to zero."""
@@ -79,6 +95,10 @@ class BenchSection:
     eval_batch_size: PosInt = 64
 
 
+Variant = Literal["int8", "distill", "prune-magnitude", "prune-heads", "q8bert"]
+DEFAULT_VARIANTS = ("int8", "distill", "prune-magnitude", "prune-heads")
+
+
 @dataclass
 class CompressConfig:
     out: str = "runs/compress"
@@ -90,6 +110,10 @@ class CompressConfig:
     bench: BenchSection = field(default_factory=BenchSection)
     quantize_skip: list[str] = field(default_factory=list)
     """Linear layers left in float32 by int8 quantisation (qualified names or their last parts, e.g. lm_head)."""
+    qat: QATSection = field(default_factory=QATSection)
+    variants: list[Variant] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    """The rows built after the teacher's: int8 (dynamic quantisation), distill (the student and its int8 copy),
+    prune-magnitude, prune-heads, q8bert (quantisation-aware fine-tuning, exported to int8)."""
 
 
 def build_compress_config(raw: dict) -> CompressConfig:

@@ -1,12 +1,12 @@
 """The compression report: one table of size on disk, CPU latency (median of several runs at batch 1 and 8) and
-dev accuracy of a fine-tuned teacher beside its compressed variants — int8 dynamic quantisation, a distilled
-half-depth student (fp32 and int8), global magnitude pruning + fine-tuning, and attention-head removal +
-fine-tuning. The teacher, its task and its dev split come from the fine-tuning code (`lmforge finetune` runs,
-`lmforge.tasks`); accuracy is the task's own `evaluate`."""
+dev accuracy of a fine-tuned teacher beside its compressed variants (compress/variants.py) — int8 dynamic
+quantisation, a distilled student (DistilBERT or TinyBERT; fp32 and int8), global magnitude pruning + fine-tuning,
+attention-head removal + fine-tuning, and Q8BERT quantisation-aware fine-tuning exported to int8. The teacher, its
+task and its dev split come from the fine-tuning code (`lmforge finetune` runs, `lmforge.tasks`); accuracy is the
+task's own `evaluate`."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -21,19 +21,7 @@ import torch
 from torch import nn
 
 from lmforge.compress.config import CompressConfig
-from lmforge.compress.distill import DistillWeights, init_student_from_teacher
-from lmforge.compress.prune import (
-    block_linears,
-    head_importance,
-    least_important_heads,
-    magnitude_prune,
-    make_permanent,
-    mask_heads,
-    remove_heads,
-    weight_sparsity,
-)
-from lmforge.compress.quantize import quantize_int8
-from lmforge.compress.train import distill_loss, task_loss, train_variant
+from lmforge.compress.prune import block_linears, weight_sparsity
 from lmforge.errors import LMForgeError
 
 
@@ -111,31 +99,12 @@ def format_table(rows: list[Row], metric: str = "accuracy") -> str:
 
 
 def variants(teacher: nn.Module, task, train_features: list[dict], cfg: CompressConfig, resume: bool = False):
-    """(name, model) of every compressed variant, built in turn (each from a copy of the teacher); the trained ones
-    are runs in OUT/distill, OUT/prune-magnitude and OUT/prune-heads."""
-    d, p, out = cfg.distill, cfg.prune, Path(cfg.out)
-    kw = dict(seed=cfg.seed, resume=resume, section="distill")
-    pkw = kw | {"section": "prune"}
+    """(name, model) of the teacher, then of every variant in cfg.variants, built in turn (compress/variants.py)."""
+    from lmforge.compress.variants import VARIANTS
+
     yield "teacher (fp32)", teacher
-    yield "teacher int8 (dynamic)", quantize_int8(teacher, skip=cfg.quantize_skip)
-    student = init_student_from_teacher(teacher, d.layers)
-    w = DistillWeights(d.soft, d.hard, d.hidden, d.temperature, d.hidden_kind)
-    train_variant("distill", student, distill_loss(teacher, task, w), task, train_features, d, out / "distill", **kw)
-    teacher.to("cpu")  # distillation ran it where the student trained
-    yield "student (distilled)", student
-    yield "student int8", quantize_int8(student, skip=cfg.quantize_skip)
-    pruned = copy.deepcopy(teacher)
-    magnitude_prune(pruned, p.sparsity)
-    train_variant("prune-magnitude", pruned, task_loss(task), task, train_features, p, out / "prune-magnitude", **pkw)
-    make_permanent(pruned)
-    yield f"magnitude-pruned {p.sparsity:.0%} + fine-tuned", pruned
-    headless = copy.deepcopy(teacher)
-    heads = least_important_heads(head_importance(headless), p.heads)
-    mask_heads(headless, heads)
-    train_variant("prune-heads", headless, task_loss(task), task, train_features, p, out / "prune-heads", **pkw)
-    make_permanent(headless)
-    remove_heads(headless, heads)
-    yield f"{p.heads:.0%} heads removed + fine-tuned", headless
+    for name in cfg.variants:
+        yield from VARIANTS[name](teacher, task, train_features, cfg, resume)
 
 
 def _bench_batches(task, dev, sizes=(1, 8)) -> dict[int, dict]:
