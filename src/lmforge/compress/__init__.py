@@ -1,4 +1,4 @@
-"""Compression: knowledge distillation (DistilBERT), int8 dynamic quantisation, Q8BERT quantisation-aware
+"""Compression: knowledge distillation (DistilBERT, TinyBERT), int8 dynamic quantisation, Q8BERT quantisation-aware
 training, magnitude and head pruning, and the report. Pruning while pretraining lives in lmforge.train.gradual_prune."""
 
 from lmforge.compress.distill import (
@@ -19,12 +19,18 @@ from lmforge.compress.prune import (
 )
 from lmforge.compress.qat import apply_qat, export_int8, fake_quantize
 from lmforge.compress.quantize import quantize_int8
+from lmforge.compress.tinybert import attention_loss, embedding_loss, hidden_loss, layer_map, prediction_loss
 
 __all__ = [
     "DistillWeights",
     "apply_qat",
+    "attention_loss",
+    "embedding_loss",
     "export_int8",
     "fake_quantize",
+    "hidden_loss",
+    "layer_map",
+    "prediction_loss",
     "distillation_loss",
     "head_importance",
     "hidden_state_loss",

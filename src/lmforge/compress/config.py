@@ -45,17 +45,47 @@ class CompressTrain(LoopConfig, OptimConfig):
 
 
 @dataclass
+class TinyBertOptions:
+    """TinyBERT's task-specific distillation (Jiao et al. 2020 §3): stage 1 (intermediate-layer distillation) fits
+    the student's embeddings, hidden states and attention scores to the teacher's layers g(m) = m·N/M; stage 2
+    (prediction-layer distillation, distill.max_steps) its logits to the teacher's."""
+
+    n_layers: PosInt | None = None
+    """Student layers M (None: half the teacher's N); N must be a multiple of M."""
+    d_model: PosInt | None = None
+    """Student width (None: the teacher's); a narrower student learns projections W_e, W_h to the teacher's."""
+    d_ff: PosInt | None = None
+    """Student MLP width (None: the teacher's d_ff scaled by the width ratio)."""
+    intermediate_steps: NonNegInt = 300
+    """Steps of stage 1 (0: prediction-layer distillation only)."""
+    embedding: NonNegFloat = 1.0
+    """Weight of L_embd = MSE(E_S W_e, E_T)."""
+    hidden: NonNegFloat = 1.0
+    """Weight of each layer's L_hidn = MSE(H_S W_h, H_T)."""
+    attention: NonNegFloat = 1.0
+    """Weight of each layer's L_attn = (1/h) Σ_i MSE(A_i^S, A_i^T) over the unnormalised attention scores."""
+    init: Literal["random", "teacher"] = "random"
+    """Student start: random (the paper starts from a general-distilled TinyBERT, which lmforge has not made), or the
+    teacher's mapped layers g(1), ..., g(M) (a student of the teacher's width only)."""
+
+
+@dataclass
 class DistillSection(CompressTrain):
+    method: Literal["distilbert", "tinybert"] = "distilbert"
+    """distilbert: a half-depth student of the teacher's width, Hinton soft targets + hard labels + DistilBERT's
+    hidden-state loss. tinybert: TinyBERT's two stages (distill.tinybert.*; temperature, soft and hard weigh stage 2's
+    prediction loss, without the T² factor)."""
     layers: list[int] | None = None
-    """Teacher layers the student keeps (None = every other layer: 0, 2, 4, ...)."""
+    """Teacher layers the distilbert student keeps (None = every other layer: 0, 2, 4, ...)."""
     temperature: PosFloat = 2.0
     soft: NonNegFloat = 0.5
-    """Weight of the T²-scaled soft-target KL (Hinton et al. 2015)."""
+    """Weight of the soft-target loss (Hinton et al. 2015: T²-scaled KL; tinybert: the soft cross-entropy)."""
     hard: NonNegFloat = 0.5
     """Weight of the cross-entropy with the gold labels."""
     hidden: NonNegFloat = 1.0
-    """Weight of the hidden-state loss (DistilBERT's cosine loss)."""
+    """Weight of the hidden-state loss (DistilBERT's cosine loss; method distilbert)."""
     hidden_kind: Literal["cosine", "mse"] = "cosine"
+    tinybert: TinyBertOptions = field(default_factory=TinyBertOptions)
 
 
 @dataclass

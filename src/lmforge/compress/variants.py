@@ -32,14 +32,21 @@ def int8_rows(teacher: nn.Module, task, features: list[dict], cfg: CompressConfi
 
 
 def distill_rows(teacher: nn.Module, task, features: list[dict], cfg: CompressConfig, resume: bool) -> Rows:
-    """The distilled half-depth student and its int8 copy."""
+    """The student of distill.method and its int8 copy."""
     d, out = cfg.distill, Path(cfg.out)
-    student = init_student_from_teacher(teacher, d.layers)
-    w = DistillWeights(d.soft, d.hard, d.hidden, d.temperature, d.hidden_kind)
-    loss = distill_loss(teacher, task, w)
-    train_variant("distill", student, loss, task, features, d, out / "distill", seed=cfg.seed, resume=resume)
-    teacher.to("cpu")  # distillation ran it where the student trained
-    yield "student (distilled)", student
+    if d.method == "tinybert":
+        from lmforge.compress.tinybert import distill_tinybert
+
+        student = distill_tinybert(teacher, task, features, d, out, seed=cfg.seed, resume=resume)
+        name = "student (TinyBERT)"
+    else:
+        student = init_student_from_teacher(teacher, d.layers)
+        w = DistillWeights(d.soft, d.hard, d.hidden, d.temperature, d.hidden_kind)
+        loss = distill_loss(teacher, task, w)
+        train_variant("distill", student, loss, task, features, d, out / "distill", seed=cfg.seed, resume=resume)
+        teacher.to("cpu")  # distillation ran it where the student trained
+        name = "student (distilled)"
+    yield name, student
     yield "student int8", quantize_int8(student, skip=cfg.quantize_skip)
 
 
