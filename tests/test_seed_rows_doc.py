@@ -16,7 +16,7 @@ REQUIRED = [
     "GPT-1", "GPT-2", "GPT-3", "Llama", "Transformer-XL", "XLNet", "BERT", "RoBERTa", "ALBERT", "ELECTRA", "SpanBERT",
     "MAE-LM", "BART denoising", "T5 v1.0", "T5 v1.1", "UniLM", "prefix LM", "Multi-token prediction", "LoRA",
     "Houlsby", "Pfeiffer", "Prefix-tuning", "Prompt tuning", "AdaMix", "distillation", "Pruning", "quantisation",
-    "TinyBERT", "Q8BERT", "SFT", "DPO", "PPO", "C4 cleaning", "BLiMP", "Position probes",
+    "TinyBERT", "Q8BERT", "Gradual magnitude pruning", "SFT", "DPO", "PPO", "C4 cleaning", "BLiMP", "Position probes",
 ]  # fmt: skip
 _CODE = re.compile(r"`([^`]+)`")
 
