@@ -55,22 +55,26 @@ def no_device_reads():
     """Fail on every way a tensor's value reaches Python, and on indexing with a boolean mask (its shape depends on
     the values): each one waits for the device on a GPU."""
     names = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero")
-    saved = {n: getattr(torch.Tensor, n) for n in [*names, "__getitem__"]}
+    own = {n: torch.Tensor.__dict__[n] for n in names if n in torch.Tensor.__dict__}
 
     def refuse(self, *a, **k):
         raise AssertionError("a training step read a tensor value back")
 
-    def getitem(self, key):
-        keys = key if isinstance(key, tuple) else (key,)
-        if any(isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys):
-            raise AssertionError("a training step indexed with a boolean mask")
-        return saved["__getitem__"](self, key)
+    class NoMaskIndexing(torch.overrides.TorchFunctionMode):
+        # Indexing is watched through a function mode, not by setting Tensor.__getitem__: a __getitem__ set on the
+        # class stays a sequence slot of the type after it is put back (torch.tensor([0-d tensors]) then fails).
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.__getitem__:
+                keys = args[1] if isinstance(args[1], tuple) else (args[1],)
+                if any(isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys):
+                    raise AssertionError("a training step indexed with a boolean mask")
+            return func(*args, **(kwargs or {}))
 
     try:
         for n in names:
             setattr(torch.Tensor, n, refuse)
-        torch.Tensor.__getitem__ = getitem
-        yield
+        with NoMaskIndexing():
+            yield
     finally:
-        for n, f in saved.items():
-            setattr(torch.Tensor, n, f)
+        for n in names:  # torch.Tensor's own back; an inherited one from the C base class again
+            setattr(torch.Tensor, n, own[n]) if n in own else delattr(torch.Tensor, n)
