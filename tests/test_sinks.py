@@ -129,6 +129,7 @@ def test_mlflow_own_store_gets_every_record_params_and_config_and_a_resume_conti
     assert set(run.data.metrics) == {"loss", "lr"} and run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "lmforge" and run.info.run_name == "run"
     assert [a.path for a in client.list_artifacts(run_id)] == ["config.yaml"]
+    assert list((run_dir / "mlflow-artifacts").rglob("config.yaml"))  # in the run dir, not ./mlruns of the cwd
     log_steps(run_dir, ["mlflow"], range(3, 5), resume_step=2)
     assert (run_dir / MLFLOW_ID_FILE).read_text().strip() == run_id
     assert [s for s, _ in mlflow_history(run_dir, "loss")] == [1, 2, 3, 3, 4]

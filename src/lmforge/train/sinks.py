@@ -14,7 +14,8 @@ gets, numbers only, with the record's step.
 - mlflow: one MLflow run per run dir (its id kept in RUN/mlflow-run-id), the resolved config's values as parameters
   and as a config.yaml artifact, in experiment MLFLOW_EXPERIMENT_NAME (default "lmforge") of MLFLOW_TRACKING_URI
   (a server, a database); without that variable, in the SQLite store RUN/mlflow.db (the `mlflow` extra brings
-  mlflow-skinny with SQLAlchemy and Alembic, which that store needs), which MLflow reads as is. Its UI comes with
+  mlflow-skinny with SQLAlchemy and Alembic, which that store needs), which MLflow reads as is, its artifacts in
+  RUN/mlflow-artifacts. Its UI comes with
   `pip install mlflow`, not mlflow-skinny: the run says so in one note (`MLFLOW_NOTE`). MLflow keeps every logged
   point, so steps repeated after a resume appear twice in its history.
 """
@@ -39,6 +40,7 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb-run-id"
 MLFLOW_ID_FILE = "mlflow-run-id"
 MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlflow-artifacts"
 MLFLOW_NOTE = (
     "note: MLflow logs to {store}; to see it: pip install mlflow (the UI; lmforge's `mlflow` extra is mlflow-skinny, "
     "which has none), then mlflow ui --backend-store-uri {store}"
@@ -179,7 +181,7 @@ class MlflowSink:
         id_file = run_dir / MLFLOW_ID_FILE
         try:
             self.client = tracking.MlflowClient(uri)
-            self.run_id = _saved_id(id_file, resume_step) or self._new_run(run_dir, _run_config(run_dir, config))
+            self.run_id = _saved_id(id_file, resume_step) or self._new_run(run_dir, _run_config(run_dir, config), own)
             if resume_step is not None:
                 self.client.update_run(self.run_id, status="RUNNING")
         except Exception as e:  # noqa: BLE001 — MLflow raises its own types for a refused server, a bad URI, ...
@@ -188,10 +190,12 @@ class MlflowSink:
         if own:
             status(MLFLOW_NOTE.format(store=shlex.quote(f"sqlite:///{run_dir / MLFLOW_DB}")))
 
-    def _new_run(self, run_dir: Path, config: dict[str, Any]) -> str:
+    def _new_run(self, run_dir: Path, config: dict[str, Any], own: bool) -> str:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "lmforge")
         exp = self.client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        # A database store keeps artifacts in ./mlruns of the working directory unless told: the run's own go in it.
+        where = (run_dir / MLFLOW_ARTIFACTS).resolve().as_uri() if own else None
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name, artifact_location=where)
         run_id = self.client.create_run(exp_id, run_name=run_dir.resolve().name).info.run_id
         params = [self.entities.Param(k, str(v)[:500]) for k, v in _flatten(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
