@@ -139,9 +139,6 @@ class MaskKeeper:
         self.weights = [w for _, w in named]
         self.masks = [w.detach() != 0 for w in self.weights]
 
-    def sparsity(self) -> float:
-        return sum(int((~m).sum()) for m in self.masks) / max(1, sum(m.numel() for m in self.masks))
-
     @torch.no_grad()
     def __call__(self, step: int) -> None:
         for w, m in zip(self.weights, self.masks):
