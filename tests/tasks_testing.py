@@ -73,3 +73,17 @@ def write_labelled_dir(root: Path, splits: dict[str, Dataset]) -> Path:
         lines = [json.dumps(example_to_dict(e)) + "\n" for e in ds.examples]
         (root / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
     return root
+
+
+def pretrain_tiny(d: Path, recipe: str, preset: str, steps: int, *extra: str) -> Path:
+    """`lmforge pretrain RECIPE` of PRESET for `steps` steps of 8 × 32 tokens on public-domain text in dir d (its
+    tokenizer, of 400 tokens, trained by the run) → the run dir."""
+    from lmforge.api import pretrain
+
+    (d / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 3), encoding="utf-8")
+    over = [f"--run.dir={d / 'run'}", f"--data.inputs=[{d / 'docs.jsonl'}]", "--data.vocab_size=400",
+            f"--model.preset={preset}", "--train.batch_size=8", "--train.seq_len=32", f"--train.max_steps={steps}",
+            "--train.warmup_steps=4", f"--train.eval_every={steps}", f"--train.save_every={steps}",
+            f"--train.log_every={steps}", "--data.val_fraction=0.1", *extra]  # fmt: skip
+    pretrain(recipe, over)
+    return d / "run"

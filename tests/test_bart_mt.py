@@ -125,16 +125,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def bart_run(tmp_path_factory) -> Path:
     """A tiny BART pretrained (text infilling) for 20 steps on public-domain English."""
-    from lmforge.api import pretrain
-
-    d = tmp_path_factory.mktemp("bart")
-    (d / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3), encoding="utf-8")
-    over = [f"--run.dir={d / 'run'}", f"--data.inputs=[{d / 'docs.jsonl'}]", "--data.vocab_size=400",
-            "--model.preset=bart-tiny", "--train.batch_size=8", "--train.seq_len=32", "--train.max_steps=20",
-            "--train.warmup_steps=4", "--train.eval_every=20", "--train.save_every=20", "--train.log_every=20",
-            "--data.val_fraction=0.1"]  # fmt: skip
-    pretrain("bart", over)
-    return d / "run"
+    return T.pretrain_tiny(tmp_path_factory.mktemp("bart"), "bart", "bart-tiny", 20)
 
 
 def test_lmforge_finetune_bart_mt_trains_both_steps_and_reports_bleu(bart_run, tmp_path):

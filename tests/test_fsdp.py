@@ -9,7 +9,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_testing import free_port
 
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
@@ -30,12 +30,6 @@ TINY += ["--train.log_every=1", "--train.eval_every=100", "--train.max_steps=6",
 TINY += ["--train.deterministic", "--sample.prompts=[]", "--train.eval_batches=2"]
 TOL = 2e-5
 """Losses are logged to 6 significant digits; two processes differ from one only in the order of float sums."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(n: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from process_testing import ENV as BASE_ENV
+from process_testing import free_port
 
 from lmforge.train import checkpoint as ck
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+ENV = dict(BASE_ENV)
 if Path("/sys/class/net/lo").exists():  # gloo's sockets on the loopback, whatever the host name resolves to
     ENV["GLOO_SOCKET_IFNAME"] = "lo"
 TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.seq_len=32", "--train.warmup_steps=3"]
@@ -32,12 +34,6 @@ DEADLINE = 180
 """Seconds a launch may take (about 15 on 2 idle cores) before its processes are killed and the test fails."""
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to stop the launchers' workers")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def args(prepared, run: Path, *extra: str) -> list[str]:

@@ -6,17 +6,14 @@ Run as a script (by the test, under torchrun or alone), it builds each run and p
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from process_testing import launch_script
 
 from lmforge.data import TokenLoader
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
 # name -> (recipe, overrides): 2 global batches of windows, all of them, and prefix LM (a random prefix per window,
 # fixed for validation by a hash of the global batch).
 RUNS = {
@@ -46,19 +43,8 @@ def evaluate_runs(out: Path, overrides: list[str]) -> None:
         print(json.dumps(metrics), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(n: int, out: Path, *overrides: str) -> dict:
-    me = [__file__, str(out), *overrides]
-    if n > 1:
-        me = ["-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={free_port()}", *me]
-    res = subprocess.run([sys.executable, *me], env=ENV, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return launch_script(__file__, n, out, *overrides)
 
 
 def test_val_loss_is_the_same_for_one_process_and_two(tmp_path, prepared_docs):

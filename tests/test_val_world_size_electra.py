@@ -9,17 +9,13 @@ Run as a script (by the test, under torchrun or alone), it builds the run and pr
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+from process_testing import launch_script
 
 
 def evaluate_run(out: Path, overrides: list[str]) -> None:
@@ -38,19 +34,8 @@ def evaluate_run(out: Path, overrides: list[str]) -> None:
         print(json.dumps(metrics), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(n: int, out: Path, *overrides: str) -> dict:
-    me = [__file__, str(out), *overrides]
-    if n > 1:
-        me = ["-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={free_port()}", *me]
-    res = subprocess.run([sys.executable, *me], env=ENV, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return launch_script(__file__, n, out, *overrides)
 
 
 def split_batch():

@@ -161,17 +161,7 @@ def test_bundled_recipes_load():
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny GPT pretrained for 30 steps on public-domain text (tokenizer trained by the run)."""
-    from lmforge.api import pretrain
-
-    d = tmp_path_factory.mktemp("pretrained")
-    docs = [json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3]
-    (d / "docs.jsonl").write_text("".join(docs), encoding="utf-8")
-    over = [f"--run.dir={d / 'run'}", f"--data.inputs=[{d / 'docs.jsonl'}]", "--data.vocab_size=400",
-            "--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=32", "--train.max_steps=30",
-            "--train.warmup_steps=4", "--train.lr=3e-3", "--train.eval_every=30", "--train.save_every=30",
-            "--train.log_every=30", "--data.val_fraction=0.1"]  # fmt: skip
-    pretrain("gpt", over)
-    return d / "run"
+    return T.pretrain_tiny(tmp_path_factory.mktemp("pretrained"), "gpt", "gpt-tiny", 30, "--train.lr=3e-3")
 
 
 def test_lmforge_eval_runs_the_race_and_winograd_recipes(pretrained, tmp_path):

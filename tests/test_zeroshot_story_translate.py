@@ -236,17 +236,7 @@ def test_parallel_columns_choose_the_direction():
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny GPT pretrained for 20 steps on public-domain text (tokenizer trained by the run)."""
-    from lmforge.api import pretrain
-
-    d = tmp_path_factory.mktemp("pretrained")
-    docs = [json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3]
-    (d / "docs.jsonl").write_text("".join(docs), encoding="utf-8")
-    over = [f"--run.dir={d / 'run'}", f"--data.inputs=[{d / 'docs.jsonl'}]", "--data.vocab_size=400",
-            "--model.preset=gpt-tiny", "--train.batch_size=8", "--train.seq_len=32", "--train.max_steps=20",
-            "--train.warmup_steps=4", "--train.lr=3e-3", "--train.eval_every=20", "--train.save_every=20",
-            "--train.log_every=20", "--data.val_fraction=0.1"]  # fmt: skip
-    pretrain("gpt", over)
-    return d / "run"
+    return T.pretrain_tiny(tmp_path_factory.mktemp("pretrained"), "gpt", "gpt-tiny", 20, "--train.lr=3e-3")
 
 
 @pytest.mark.parametrize(
