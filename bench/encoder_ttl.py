@@ -86,7 +86,7 @@ class Scorer:
         from train_parity import parse_args as parity_parse
 
         from lmforge.objectives import OBJECTIVES
-        from lmforge.train.setup import autocast_for
+        from lmforge.train.device import autocast_for
 
         ns = parity_parse(["--impls", "lmforge", *parity_args(a)])
         cfg = family_config("roberta", ns, 0)

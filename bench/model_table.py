@@ -20,9 +20,9 @@ from lmforge.models import ModelConfig, Transformer
 from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives import OBJECTIVES, Objective
 from lmforge.objectives.mlm import mlm_loss
+from lmforge.pretrain.config import build_config
 from lmforge.registry import MODELS
 from lmforge.train.metrics import flops_per_token
-from lmforge.train.pretrain_config import build_config
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[nn.Module, Batch], Tensor]

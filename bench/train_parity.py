@@ -62,7 +62,7 @@ from parity_refs import n_weights, reference  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
 from lmforge.eval.plateau import plateau  # noqa: E402
-from lmforge.train.pretrain_config import Config, load_config, to_dict  # noqa: E402
+from lmforge.pretrain.config import Config, load_config, to_dict  # noqa: E402
 
 IMPLS = ("lmforge", "hf", "nanogpt", "nanot5")
 NOISE_SEED = 0x7A1B  # global-generator seed of step s (plus s): ELECTRA's samples and dropout, alike on both sides
@@ -143,7 +143,7 @@ def family_config(name: str, args: argparse.Namespace, seed: int) -> Config:
 
 def data_key(cfg: Config) -> str:
     """Name of the shared data dir: what the tokenizer and the token shards depend on (not the run's seed)."""
-    from lmforge.train.setup import FAMILY_BY_ARCH
+    from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 
     d = cfg.data
     family = d.tokenizer_family or FAMILY_BY_ARCH[cfg.model.arch]
@@ -156,8 +156,8 @@ def data_key(cfg: Config) -> str:
 def shared_data(cfg: Config, out: Path):
     """(tokenizer, prepared dir) for cfg, prepared once under OUT/data/<key> (a file lock serialises processes that
     start together) with the data split of seed 0 whatever the run's seed, so every seed validates alike."""
+    from lmforge.pretrain.setup import check_inputs, check_vocab, load_or_train_tokenizer, prepare_data
     from lmforge.train.distributed import DistInfo
-    from lmforge.train.setup import check_inputs, check_vocab, load_or_train_tokenizer, prepare_data
 
     check_inputs(cfg)
     data_cfg = copy.deepcopy(cfg)
@@ -197,9 +197,9 @@ class Repeat:
 
 def train_batches(cfg: Config, objective, data_dir: Path, overfit: bool):
     """The batch source `lmforge pretrain` trains on (one process, rank 0), drawn on a prefetch thread."""
+    from lmforge.pretrain.run import ObjectiveBatches
     from lmforge.train.distributed import rank_seed
     from lmforge.train.prefetch import Prefetcher
-    from lmforge.train.pretrain import ObjectiveBatches
 
     loader = objective.make_loader(data_dir, "train")
     source = ObjectiveBatches(loader, objective.transform, rank_seed(cfg.run.seed, 0) + 0x0B1E)
@@ -273,10 +273,10 @@ def sync(device: torch.device) -> None:
 def train(model, loss_fn, cfg: Config, batches, val, device: torch.device) -> dict:
     """train.max_steps steps of the lmforge loop's update (train/loop.py: autocast, backward, global grad norm,
     clipping and non-finite skip inside the fused AdamW step, schedule), evaluating every train.eval_every."""
+    from lmforge.train.device import autocast_for
     from lmforge.train.loop import LossStep
     from lmforge.train.optim import Schedule, build_optimizer
     from lmforge.train.parallel import clip_scale, grad_norm
-    from lmforge.train.setup import autocast_for
 
     t = cfg.train
     step_fn = LossStep(model, loss_fn)
@@ -356,8 +356,8 @@ def prepare(family: str, args: argparse.Namespace) -> str:
 def run_one(family: str, impl: str, seed: int, args: argparse.Namespace) -> Path:
     """Train one (family, impl, seed) and write OUT/<family>-<impl>-seed<seed>.json."""
     from lmforge.objectives import OBJECTIVES
+    from lmforge.train.device import pick_device
     from lmforge.train.distributed import DistInfo
-    from lmforge.train.setup import pick_device
 
     began = time.perf_counter()
     cfg = family_config(family, args, seed)

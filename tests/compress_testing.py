@@ -8,9 +8,9 @@ from pathlib import Path
 import tasks_testing as T
 import torch
 
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
+from lmforge.finetune.run import FineTuner
 from lmforge.tasks.config import load_finetune_config
-from lmforge.train.finetune import FineTuner
 
 
 def fine_tuned_teacher(d: Path) -> Path:

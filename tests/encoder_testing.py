@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge.data import load_default_corpus, prepare
+from lmforge.data.corpus.bundled import load_default_corpus
+from lmforge.data.corpus.prepare import prepare
 from lmforge.models import ModelConfig
 from lmforge.objectives import OBJECTIVES
+from lmforge.pretrain.config import load_config
 from lmforge.tokenizers import Tokenizer, train_tokenizer
-from lmforge.train.pretrain_config import load_config
 
 
 @pytest.fixture(autouse=False)

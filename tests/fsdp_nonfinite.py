@@ -13,13 +13,13 @@ from lm_objective_testing import TINY_DECODER
 
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
+from lmforge.pretrain.config import TrainConfig
 from lmforge.train.distributed import init_distributed
 from lmforge.train.loop import Loop
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, read_metrics
 from lmforge.train.parallel import full_state_dict
 from lmforge.train.prefetch import Batch
-from lmforge.train.pretrain_config import TrainConfig
 
 
 class Poisoned:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from lmforge.data import load_default_corpus
+from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.objectives import OBJECTIVES
+from lmforge.pretrain.config import load_config
 from lmforge.tokenizers import train_tokenizer
-from lmforge.train.pretrain_config import load_config
 
 TINY_SEQ2SEQ = dict(
     arch="encoder-decoder", d_model=32, n_layers=2, n_decoder_layers=2, n_heads=4, d_ff=64, max_seq_len=128,

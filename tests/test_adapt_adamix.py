@@ -29,13 +29,13 @@ from lmforge.adapt import (
     trainable_parameters,
     with_consistency,
 )
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
+from lmforge.finetune.run import FineTuner
 from lmforge.loading import load_finetuned
 from lmforge.registry import TASKS
 from lmforge.tasks.config import load_finetune_config
 from lmforge.tasks.inputs import collate
-from lmforge.train.finetune import FineTuner
 
 
 def test_symmetric_kl_by_hand():

@@ -4,8 +4,8 @@ The pipeline end to end at CPU size is in test_experiment_classify.py."""
 
 import shlex
 
+from lmforge.experiments.arms import arm_command
 from lmforge.experiments.plan import plan_experiment
-from lmforge.experiments.runner import arm_command
 from lmforge.experiments.spec import load_experiment
 
 

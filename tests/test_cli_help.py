@@ -16,7 +16,7 @@ from training_testing import run_main
 
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
-from lmforge.train.pretrain_config import load_config
+from lmforge.pretrain.config import load_config
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
 run = run_main
@@ -169,7 +169,7 @@ def test_own_keys_are_not_taken_for_foreign_flags_and_spaced_values_are_explaine
 @pytest.fixture(scope="module")
 def init_run(tmp_path_factory):
     """A saved gpt-tiny run (its tokenizer beside the weights), as `lmforge pretrain` leaves one."""
-    from lmforge.train.checkpoint import save_checkpoint
+    from lmforge.checkpoint.write import save_checkpoint
 
     tok = T.tokenizer("gpt")
     model = T.model("gpt-tiny", tok, seed=3)
@@ -197,7 +197,7 @@ def test_run_init_takes_the_runs_model_and_tokenizer_and_the_recipes_other_value
 
 
 def test_continued_pretraining_starts_from_the_init_runs_weights(init_run, tmp_path, capsys):
-    from lmforge.train import checkpoint as ck
+    from lmforge.checkpoint.read import read_weights
 
     run_dir, _ = init_run
     text = tmp_path / "new.jsonl"  # one document a line
@@ -210,8 +210,8 @@ def test_continued_pretraining_starts_from_the_init_runs_weights(init_run, tmp_p
     assert rc == 0, err
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["model"]["name"] == "gpt-tiny" and saved["train"]["warmup_steps"] == 100  # the recipe's
-    before = ck.read_weights(run_dir / "checkpoints" / "step_4")
-    after = ck.read_weights(out / "checkpoints" / "step_1")  # lr 0: the weights it started from
+    before = read_weights(run_dir / "checkpoints" / "step_4")
+    after = read_weights(out / "checkpoints" / "step_1")  # lr 0: the weights it started from
     assert after.keys() == before.keys() and "tok_emb.weight" in after
     for k, v in after.items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)

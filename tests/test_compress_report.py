@@ -12,10 +12,10 @@ import torch
 from lmforge.cli.compress import cmd_compress_report
 from lmforge.compress.config import load_compress_config
 from lmforge.compress.report import Row, format_table
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
+from lmforge.finetune.run import FineTuner
 from lmforge.tasks.config import load_finetune_config
-from lmforge.train.finetune import FineTuner
 
 
 @pytest.fixture(scope="module")

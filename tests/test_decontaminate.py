@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from test_data_prepare import DOCS, HFStandIn, needs_clean_extra
 
-from lmforge.data import prepare
-from lmforge.data.clean import word_ngrams
-from lmforge.data.decontaminate import Decontaminator
+from lmforge.data.corpus.decontaminate import Decontaminator
+from lmforge.data.corpus.prepare import prepare
+from lmforge.data.ngrams import word_ngrams
 from lmforge.errors import LMForgeError
 
 DEV_TEXT = "One two three four five six seven eight nine."
@@ -136,7 +136,7 @@ def test_an_experiments_data_key_tells_a_decontaminated_corpus_and_keeps_the_pla
     from types import SimpleNamespace
 
     from lmforge.experiments.data import data_key
-    from lmforge.train.pretrain_config import DataConfig
+    from lmforge.pretrain.config import DataConfig
 
     def key(**kw) -> str:
         cfg = SimpleNamespace(data=DataConfig(**kw), run=SimpleNamespace(seed=0), model=SimpleNamespace(arch="decoder"))

@@ -8,9 +8,9 @@ from encoder_testing import objective, prepared, tokenizer
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives import masking as M
+from lmforge.pretrain.config import load_config
+from lmforge.pretrain.run import ObjectiveBatches
 from lmforge.train.distributed import rank_seed
-from lmforge.train.pretrain import ObjectiveBatches
-from lmforge.train.pretrain_config import load_config
 
 SEQ, BATCH = 64, 8
 OBJECTIVES = ["electra", "spanbert", "mae-lm"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from lmforge.errors import LMForgeError
+from lmforge.experiments.arms import Arm, ArmResult
 from lmforge.experiments.ensembles import combine, ensemble_results, spread
 from lmforge.experiments.results import render, summary_json
-from lmforge.experiments.runner import Arm, ArmResult
 from lmforge.experiments.spec import ArmSpec, EnsembleSpec, Experiment, FinetuneTask, Selection
 
 GOLD = [0, 1, 1, 0]

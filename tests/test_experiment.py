@@ -11,9 +11,10 @@ import yaml
 
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
+from lmforge.experiments.arms import Arm, ArmResult, arm_command, arm_final
 from lmforge.experiments.experiment import budget_text, select
 from lmforge.experiments.plan import plan_experiment
-from lmforge.experiments.runner import Arm, ArmResult, arm_command, arm_final, failure_reason, run_arms
+from lmforge.experiments.runner import failure_reason, run_arms
 from lmforge.experiments.spec import load_experiment
 from lmforge.objectives import OBJECTIVES
 
@@ -64,7 +65,7 @@ def test_equal_flops_budget_gives_each_objective_its_steps():
     # Half the layers: about twice the steps; the decoder-only LM reads the whole window through every layer.
     assert 1.6 < pre["enc-dec-half"].max_steps / pre["encoder-decoder"].max_steps < 2.0
     assert pre["language-model"].max_steps < pre["encoder-decoder"].max_steps
-    from lmforge.experiments.runner import resolve_config
+    from lmforge.experiments.arms import resolve_config
 
     a = pre["encoder-decoder"]
     cfg = resolve_config(a.recipe, a.overrides)
@@ -293,8 +294,8 @@ def test_cli_bad_file_is_one_line(tmp_path):
 def test_a_second_runner_on_one_experiment_or_sweep_dir_is_refused(tmp_path, capsys):
     """Two runners on one dir would start the same arms twice and each fail on the other's run locks; the second
     is refused before it starts anything, naming the first."""
+    from lmforge.checkpoint.rundir import RunLock
     from lmforge.cli import main
-    from lmforge.train.rundir import RunLock
 
     path = write(tmp_path, {**TINY, "budget": {"steps": 3}})
     holder = RunLock(tmp_path / "out")  # held through another open file: flock refuses it as it would a process
@@ -374,7 +375,7 @@ def test_sigterm_stops_the_runner_and_its_arms_which_then_resume(tmp_path):
     import threading
     import time
 
-    from lmforge.experiments.runner import has_checkpoint
+    from lmforge.experiments.arms import has_checkpoint
     from lmforge.train.signals import Stopped
 
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's

@@ -11,8 +11,8 @@ from training_testing import write_docs
 
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
+from lmforge.experiments.arms import arm_command
 from lmforge.experiments.plan import plan_experiment
-from lmforge.experiments.runner import arm_command
 from lmforge.experiments.spec import load_experiment
 
 FIXTURE = Path(__file__).parent / "fixtures" / "blimp"

@@ -13,9 +13,9 @@ from encoder_testing import tokenizer
 from training_testing import write_docs
 
 from lmforge.cli import main
+from lmforge.experiments.arms import resolve_config
 from lmforge.experiments.data import data_key
 from lmforge.experiments.plan import plan_experiment
-from lmforge.experiments.runner import resolve_config
 from lmforge.experiments.spec import load_experiment
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.seq2seq import ordinary_ids

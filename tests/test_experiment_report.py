@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.experiments.arms import Arm, ArmResult
 from lmforge.experiments.results import Row, build_rows, fmt, render, summary_json
-from lmforge.experiments.runner import Arm, ArmResult
 from lmforge.experiments.spec import ArmSpec, Experiment, FinetuneTask, Selection
 
 

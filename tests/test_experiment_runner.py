@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from lmforge.experiments import runner
-from lmforge.experiments.runner import Arm, ArmResult, run_arms
+from lmforge.experiments.arms import Arm, ArmResult
+from lmforge.experiments.runner import run_arms
 
 # a stand-in run: it sleeps, then writes when it started and ended
 CHILD = (

@@ -13,14 +13,14 @@ import torch
 import yaml
 
 from lmforge.cli.eval import cmd_eval
-from lmforge.data.examples import Dataset, Example
-from lmforge.data.labelled_readers import load_labelled_dir
+from lmforge.data.labelled.examples import Dataset, Example
+from lmforge.data.labelled.readers import load_labelled_dir
 from lmforge.errors import LMForgeError
 from lmforge.eval.finetuned import majority_baseline
+from lmforge.finetune.run import FineTuner
 from lmforge.loading import load_finetuned
+from lmforge.pretrain.config import load_config
 from lmforge.tasks.config import RECIPES, load_finetune_config
-from lmforge.train.finetune import FineTuner
-from lmforge.train.pretrain_config import load_config
 
 TESTS = Path(__file__).parent
 
@@ -36,7 +36,7 @@ def labelled(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny GPT pretrained for 40 steps on public-domain text (tokenizer trained by the run)."""
-    from lmforge.train.pretrain import Pretraining
+    from lmforge.pretrain.run import Pretraining
 
     d = tmp_path_factory.mktemp("pretrained")
     docs = [json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3]

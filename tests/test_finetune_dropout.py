@@ -6,10 +6,10 @@ import dataclasses
 import tasks_testing as T
 import torch
 
+from lmforge.checkpoint.write import write_checkpoint_dir
+from lmforge.finetune.run import FineTuner
 from lmforge.models import Transformer, get_preset
 from lmforge.tasks.config import load_finetune_config
-from lmforge.train.checkpoint import write_checkpoint_dir
-from lmforge.train.finetune import FineTuner
 
 
 def backbone_after(tmp_path, pre, data, run: str, *extra: str) -> torch.nn.Module:

@@ -7,12 +7,12 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.checkpoint.write import write_checkpoint_dir
 from lmforge.errors import LMForgeError
+from lmforge.finetune.run import FineTuner
 from lmforge.models import Transformer, get_preset
 from lmforge.models.init import reinit_top_blocks
 from lmforge.tasks.config import load_finetune_config
-from lmforge.train.checkpoint import write_checkpoint_dir
-from lmforge.train.finetune import FineTuner
 
 
 def trained(preset: str, **kw) -> Transformer:

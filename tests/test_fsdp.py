@@ -19,9 +19,11 @@ import pytest
 import torch
 from process_testing import free_port
 
+from lmforge.checkpoint.layout import MANIFEST_FILE, WEIGHTS_FILE, list_checkpoints
+from lmforge.checkpoint.read import read_config, read_weights
+from lmforge.checkpoint.verify import latest_checkpoint, verify_checkpoint
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
-from lmforge.train import checkpoint as ck
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
 PAUSING_CLI = Path(__file__).with_name("pausing_cli.py")
@@ -59,7 +61,7 @@ def assert_close(a: dict[int, float], b: dict[int, float], steps) -> None:
 
 def keep_only(run: Path, step: int) -> None:
     """Pretend the run died after `step`: drop its later checkpoints."""
-    for c in ck.list_checkpoints(run):
+    for c in list_checkpoints(run):
         if int(c.name.split("_")[1]) > step:
             shutil.rmtree(c)
 
@@ -85,14 +87,14 @@ def runs(prepared, tmp_path_factory) -> dict[str, Path]:
 
 def test_two_fsdp_processes_equal_one_process_with_double_batch(runs):
     assert_close(losses(runs["one"]), losses(runs["fsdp"]), range(1, 7))
-    newest = ck.latest_checkpoint(runs["fsdp"])
-    assert newest.name == "step_6" and not (newest / ck.WEIGHTS_FILE).exists()
+    newest = latest_checkpoint(runs["fsdp"])
+    assert newest.name == "step_6" and not (newest / WEIGHTS_FILE).exists()
     shards = sorted(p.name for p in (newest / "dcp").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shards
-    manifest = json.loads((newest / ck.MANIFEST_FILE).read_text())["files"]
+    manifest = json.loads((newest / MANIFEST_FILE).read_text())["files"]
     assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "train_state.pt"} <= set(manifest)
     # Consolidated in this process, the sharded weights are the one-process run's weights.
-    full, ref = ck.read_weights(newest), ck.read_weights(ck.latest_checkpoint(runs["one"]))
+    full, ref = read_weights(newest), read_weights(latest_checkpoint(runs["one"]))
     assert full.keys() == ref.keys()
     assert max(float((full[k] - ref[k]).abs().max()) for k in ref) < 1e-5
 
@@ -111,12 +113,12 @@ def test_sharded_checkpoint_resumes_on_1_then_4_processes_on_2_and_under_ddp(run
     keep_only(as_ddp, 2)
     one_process(*args(prepared, as_ddp, "--train.batch_size=8", "--resume", "--train.parallel=ddp"), cwd=tmp_path)
     assert_close(uninterrupted, losses(as_ddp), range(3, 7))
-    assert (ck.latest_checkpoint(as_ddp) / ck.WEIGHTS_FILE).is_file()
+    assert (latest_checkpoint(as_ddp) / WEIGHTS_FILE).is_file()
     # 1 → 4: the step-4 checkpoint that one process wrote continues in four.
     on4 = tmp_path / "on4"
     shutil.copytree(on1, on4)
     keep_only(on4, 4)
-    assert (ck.latest_checkpoint(on4) / "dcp" / "__0_0.distcp").is_file()
+    assert (latest_checkpoint(on4) / "dcp" / "__0_0.distcp").is_file()
     torchrun(4, *args(prepared, on4, "--train.batch_size=2", "--resume"), cwd=tmp_path)
     assert_close(uninterrupted, losses(on4), range(5, 7))
     # 2 → 2, now recomputing each block's activations in backward: the same losses.
@@ -170,10 +172,10 @@ def test_sigkill_during_async_save_keeps_the_last_good_checkpoint(runs, prepared
     workers.wait_for("pausing 120 s at checkpoint (step 4)")
     scratch = [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-step_4")]
     assert len(scratch) == 1 and (scratch[0] / "dcp" / ".metadata").is_file()
-    assert not (scratch[0] / ck.MANIFEST_FILE).exists()
+    assert not (scratch[0] / MANIFEST_FILE).exists()
     workers.kill()
-    assert [c.name for c in ck.list_checkpoints(run)] == ["step_2"]
-    assert ck.latest_checkpoint(run).name == "step_2" and ck.verify_checkpoint(run / "checkpoints" / "step_2") is None
+    assert [c.name for c in list_checkpoints(run)] == ["step_2"]
+    assert latest_checkpoint(run).name == "step_2" and verify_checkpoint(run / "checkpoints" / "step_2") is None
     from lmforge.api import load
 
     model, _ = load(run)  # one process consolidates the shards
@@ -208,13 +210,13 @@ def test_newest_sharded_checkpoint_failing_verification_falls_back(runs, tmp_pat
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert ck.latest_checkpoint(run).name == "step_4"
+    assert latest_checkpoint(run).name == "step_4"
     assert "dcp/__1_0.distcp does not match its sha256" in capsys.readouterr().err
 
 
 def test_crafted_shard_metadata_is_refused_without_running_it(runs, tmp_path):
     c = tmp_path / "ckpt"
-    shutil.copytree(ck.latest_checkpoint(runs["fsdp"]), c)
+    shutil.copytree(latest_checkpoint(runs["fsdp"]), c)
     marker = tmp_path / "ran"
 
     class Payload:
@@ -223,7 +225,7 @@ def test_crafted_shard_metadata_is_refused_without_running_it(runs, tmp_path):
 
     (c / "dcp" / ".metadata").write_bytes(pickle.dumps(Payload()))
     with pytest.raises(LMForgeError, match=r"global (posix|os)\.system is not allowed in checkpoint metadata"):
-        ck.read_weights(c)
+        read_weights(c)
     assert not marker.exists()
 
 
@@ -293,7 +295,7 @@ def test_lora_finetuning_of_a_sharded_run_under_fsdp_equals_one_process(runs, tm
     assert res.stdout.count("dev (best checkpoint)") == 1  # rank 0 reports
     assert_close(losses(tmp_path / "one"), losses(two), range(1, 5))
     assert json.loads((two / "eval.json").read_text()) == json.loads((tmp_path / "one" / "eval.json").read_text())
-    assert (two / "best" / ck.WEIGHTS_FILE).is_file() and ck.read_config(two / "best")["adapter_only"]
+    assert (two / "best" / WEIGHTS_FILE).is_file() and read_config(two / "best")["adapter_only"]
 
 
 def test_nonfinite_steps_are_skipped_and_the_gradient_norm_is_global_under_fsdp(tmp_path):
@@ -315,8 +317,8 @@ def test_nonfinite_steps_are_skipped_and_the_gradient_norm_is_global_under_fsdp(
 def test_train_device_cuda_means_each_ranks_own_gpu(monkeypatch):
     """`--train.device=cuda` under torchrun: the rank's local GPU, with an index (a one-GPU FSDP group's
     torch.cuda.set_device refuses a device without one)."""
+    from lmforge.train.device import pick_device
     from lmforge.train.distributed import DistInfo
-    from lmforge.train.setup import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pick_device("cuda", DistInfo()) == torch.device("cuda", 0)
@@ -330,7 +332,7 @@ def test_a_save_published_before_another_process_died_is_reported_as_saved(tmp_p
     collectives' answer)."""
     import torch.distributed as dist
 
-    from lmforge.train import dcp as dcp_mod
+    from lmforge.checkpoint import sharded as dcp_mod
     from lmforge.train.distributed import DistInfo
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
@@ -357,7 +359,7 @@ def test_a_save_published_before_another_process_died_is_reported_as_saved(tmp_p
             f"checkpoint step_30 is saved in {final}, but another process stopped during the save: "
             "RuntimeError: Connection closed by peer [127.0.0.1]:29500"
         )
-        assert ck.verify_checkpoint(final) is None
+        assert verify_checkpoint(final) is None
     finally:
         monkeypatch.undo()
         dist.destroy_process_group()
@@ -365,6 +367,6 @@ def test_a_save_published_before_another_process_died_is_reported_as_saved(tmp_p
 
 def test_a_plain_run_does_not_import_distributed_checkpointing():
     # torch.distributed.checkpoint costs ~0.6 s to import: only sharded checkpoints need it.
-    script = "import sys, lmforge.train.pretrain\nassert 'torch.distributed.checkpoint' not in sys.modules\n"
+    script = "import sys, lmforge.pretrain.run\nassert 'torch.distributed.checkpoint' not in sys.modules\n"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -220,7 +220,7 @@ def labelled(tmp_path_factory) -> Path:
     """A small labelled set of real sentences with one inserted sentiment word (train 96, dev 32)."""
     import tasks_testing as T
 
-    from lmforge.data.examples import Dataset
+    from lmforge.data.labelled.examples import Dataset
 
     full = T.sentiment(128, seed=1)
     splits = {"train": Dataset(full.examples[:96], full.labels), "dev": Dataset(full.examples[96:], full.labels)}
@@ -235,8 +235,8 @@ def tiny_finetune(run: Path, data: Path, *extra: str) -> list[str]:
 def test_finetuning_plots_its_dev_metric_and_scores_dev_once_per_evaluation(tmp_path, labelled, monkeypatch):
     import json
 
+    from lmforge.finetune.run import FineTuner
     from lmforge.tasks.config import load_finetune_config
-    from lmforge.train.finetune import FineTuner
     from lmforge.train.metrics import read_metrics
 
     passes: list[str] = []

@@ -6,10 +6,10 @@ import tasks_testing as T
 import torch
 
 from lmforge.models import Transformer, get_preset
+from lmforge.pretrain.config import TrainConfig
 from lmforge.tasks.heads import SequenceHead
 from lmforge.tasks.model import TaskModel
 from lmforge.train.optim import Schedule, build_optimizer, layer_depths, param_groups
-from lmforge.train.pretrain_config import TrainConfig
 
 
 def _depth_of(depths: dict[str, int], fragment: str) -> set[int]:
@@ -75,8 +75,8 @@ def test_group_learning_rates_and_their_schedule():
 
 
 def test_finetuning_builds_its_optimizer_with_layer_decay(tmp_path):
+    from lmforge.finetune.run import FineTuner
     from lmforge.tasks.config import load_finetune_config
-    from lmforge.train.finetune import FineTuner
 
     data = T.write_labelled_dir(tmp_path / "d", {"train": T.sentiment(40), "dev": T.sentiment(16, seed=3)})
     over = [f"--run.dir={tmp_path / 'run'}", "--data.source=dir", f"--data.dir={data}", "--train.lr=1e-3",

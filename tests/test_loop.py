@@ -16,19 +16,19 @@ import torch
 from lm_objective_testing import TINY_DECODER, objective
 from training_testing import no_device_reads
 
-from lmforge.data import TokenLoader
+from lmforge.data.corpus.loader import TokenLoader
 from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import lm_head_loss
+from lmforge.pretrain.config import TrainConfig
+from lmforge.pretrain.run import ObjectiveBatches
 from lmforge.tokenizers import Tokenizer
 from lmforge.train.distributed import DistInfo
 from lmforge.train.loop import Loop
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import MetricsLogger, read_metrics
 from lmforge.train.prefetch import Batch, Prefetcher
-from lmforge.train.pretrain import ObjectiveBatches
-from lmforge.train.pretrain_config import TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,15 @@ import torch
 from encoder_testing import docs, objective, one_thread, overfit, tokenizer, windows  # noqa: F401
 
 from lmforge.api import load
-from lmforge.data.examples import Dataset
+from lmforge.checkpoint.read import read_weights
+from lmforge.checkpoint.verify import latest_checkpoint
+from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
+from lmforge.finetune.run import FineTuner
 from lmforge.models import Transformer, get_preset
 from lmforge.objectives import masking as M
 from lmforge.objectives.mae_lm import MAELMModel
 from lmforge.tasks.config import load_finetune_config
-from lmforge.train import checkpoint as ckpt
-from lmforge.train.finetune import FineTuner
 
 T = 64
 
@@ -221,7 +222,7 @@ def test_recipe_loss_falls_on_the_bundled_corpus(run):
 def test_load_returns_the_encoder(run):
     model, tok = load(run)
     assert isinstance(model, Transformer) and model.config.arch == "encoder" and not model.config.lm_head
-    saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
+    saved = read_weights(latest_checkpoint(run))
     assert any(k.startswith("decoder.encoder.blocks.1.") for k in saved)  # the decoder stays in the checkpoint
     assert torch.equal(model.encoder.blocks[1].mlp.up.weight, saved["encoder.encoder.blocks.1.mlp.up.weight"])
     assert torch.equal(model.tok_emb.weight, saved["encoder.tok_emb.weight"])
@@ -237,7 +238,7 @@ def test_finetuning_starts_from_the_encoder(run, tmp_path, one_thread):  # noqa:
             "--train.lr=2e-3", "--train.warmup_ratio=0.1", "--task.max_len=48", "--train.epochs=8",
             "--train.log_every=1"]  # fmt: skip
     tuner = FineTuner(load_finetune_config("sst2-bert", over, init=str(run)))
-    saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
+    saved = read_weights(latest_checkpoint(run))
     backbone = tuner.model.backbone
     assert torch.equal(backbone.encoder.blocks[0].attn.qkv.weight, saved["encoder.encoder.blocks.0.attn.qkv.weight"])
     dev = tuner.fit()

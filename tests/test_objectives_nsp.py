@@ -5,13 +5,13 @@ import pytest
 import torch
 from encoder_testing import objective, one_thread, overfit, prepared, tiny_encoder, tokenizer  # noqa: F401
 
-from lmforge.data.loader import open_tokens, read_meta
+from lmforge.data.corpus.loader import open_tokens, read_meta
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives import masking as M
 from lmforge.objectives.sentence_data import DocChunkLoader, SentencePairLoader, sentence_end_ids
-from lmforge.train.pretrain_config import load_config
+from lmforge.pretrain.config import load_config
 
 T = 64
 

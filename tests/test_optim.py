@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lmforge.models import Transformer, get_preset
+from lmforge.pretrain.config import TrainConfig
 from lmforge.train.optim import Muon, Schedule, build_optimizer, lr_factor, muon_params
 from lmforge.train.parallel import clip_scale, grad_norm
-from lmforge.train.pretrain_config import TrainConfig
 
 
 def test_muon_updates_are_nearly_orthogonal_and_batched_alike():

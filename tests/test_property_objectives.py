@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 from training_testing import no_device_reads
 
 from lmforge.config import RECIPES_DIR, read_yaml
-from lmforge.data import load_default_corpus
+from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.seq2seq import ordinary_ids
+from lmforge.pretrain.config import build_config
 from lmforge.tokenizers import train_tokenizer
 from lmforge.tokenizers.specials import FAMILY_BY_ARCH
-from lmforge.train.pretrain_config import build_config
 
 IGNORE = -100
 SEQ_LENS = (8, 13, 24)
@@ -97,7 +97,7 @@ def setup(name: str, seq_len: int):
 
 
 def write_prepared(root: Path, docs: list[list[int]], vocab_size: int, eos_id: int) -> Path:
-    """A prepared data dir (the format of `lmforge.data.prepare`) with `docs` in both splits."""
+    """A prepared data dir (the format of `lmforge.data.corpus.prepare`) with `docs` in both splits."""
     lengths = [len(d) + 1 for d in docs]
     tokens = np.array([t for d in docs for t in [*d, eos_id]], dtype=np.uint16)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -21,8 +21,8 @@ from test_reliability_inputs import TINY, cli, one_error_line
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
+from lmforge.pretrain.config import load_config
 from lmforge.registry import MODELS
-from lmforge.train.pretrain_config import load_config
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
 

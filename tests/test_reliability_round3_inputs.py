@@ -14,7 +14,8 @@ import yaml
 from test_reliability_inputs import TINY, cli, labelled_set, one_error_line, pretrain
 
 from lmforge.cli import main
-from lmforge.data import load_default_corpus, prepare
+from lmforge.data.corpus.bundled import load_default_corpus
+from lmforge.data.corpus.prepare import prepare
 from lmforge.errors import LMForgeError
 from lmforge.experiments.spec import load_experiment
 from lmforge.tokenizers import train_tokenizer
@@ -151,7 +152,7 @@ def test_a_lone_surrogate_in_a_pretraining_corpus_is_replaced_and_counted(tmp_pa
 
 
 def test_a_lone_surrogate_in_tokenizer_training_text_is_replaced(tmp_path, capsys, cache):
-    from lmforge.data.text_files import iter_texts
+    from lmforge.data.corpus.text_files import iter_texts
 
     docs = corpus_with(tmp_path / "docs.jsonl", LONE_TEXT)
     assert list(iter_texts(docs))[1].startswith("caf\ufffd au lait")
@@ -170,7 +171,7 @@ def test_a_lone_surrogate_in_eval_text_is_replaced_and_counted(lm_run, tmp_path,
 
 def test_a_lone_surrogate_in_a_labelled_set_names_file_and_line(tmp_path, capsys):
     from lmforge.align.data import read_instructions
-    from lmforge.data.labelled_readers import read_json
+    from lmforge.data.labelled.readers import read_json
 
     d = labelled_set(tmp_path / "set", [("fine", "pos")])
     with open(d / "train.jsonl", "a", encoding="utf-8") as f:
@@ -263,7 +264,7 @@ def test_json_nested_too_deeply_in_prepared_data_or_tokenizer_files_is_one_line(
 
 
 def test_json_nested_too_deeply_in_a_run_an_experiment_reads_is_not_a_result(tmp_path):
-    from lmforge.experiments.runner import Arm, arm_final
+    from lmforge.experiments.arms import Arm, arm_final
     from lmforge.train.metrics import read_metrics
 
     run = tmp_path / "ft"

@@ -118,8 +118,8 @@ def test_a_corrupt_config_yaml_and_no_checkpoint_config_is_one_line(prepared, tm
 def test_a_fine_tuning_resume_takes_the_run_config_out_of_its_checkpoint(tmp_path):
     """A fine-tuned checkpoint's config.yaml also holds the backbone and labels, which are not run settings."""
     from lmforge.files import hash_file
+    from lmforge.finetune.resolve import finetune_config
     from lmforge.tasks.config import finetune_to_dict, load_finetune_config
-    from lmforge.tasks.resolve import finetune_config
 
     run = tmp_path / "run"
     cfg = load_finetune_config("demo-sentiment", {"run": {"dir": str(run)}, "train": {"lr": 0.00123}}, init="gpt-tiny")
@@ -189,7 +189,8 @@ def second_run(prepared, run: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_run_whose_lock_file_another_process_replaced_stops_before_publishing(prepared, tmp_path):
-    from lmforge.train import checkpoint as ck
+    from lmforge.checkpoint.layout import list_checkpoints
+    from lmforge.checkpoint.verify import verify_checkpoint
 
     run = tmp_path / "run"
     first = Holding(prepared, run, "4")
@@ -198,15 +199,15 @@ def test_a_run_whose_lock_file_another_process_replaced_stops_before_publishing(
     second = second_run(prepared, run)
     assert second.returncode == 0, second.stderr
     assert f"resumed from {run}/checkpoints/step_2 at step 2" in second.stderr
-    manifests = {c.name: (c / "manifest.json").read_bytes() for c in ck.list_checkpoints(run)}
+    manifests = {c.name: (c / "manifest.json").read_bytes() for c in list_checkpoints(run)}
     (tmp_path / "go-4").touch()  # the first one goes on: it must not publish over the second's step_4
     assert first.finish() == 2
     assert first.lines[-1] == (
         f"error: run dir {run} is no longer this process's: {run}/.lock was deleted or replaced while the run held "
         "it; checkpoint step_4 was not saved, so that two processes never write one run dir"
     )
-    assert {c.name: (c / "manifest.json").read_bytes() for c in ck.list_checkpoints(run)} == manifests
-    assert all(ck.verify_checkpoint(c) is None for c in ck.list_checkpoints(run))
+    assert {c.name: (c / "manifest.json").read_bytes() for c in list_checkpoints(run)} == manifests
+    assert all(verify_checkpoint(c) is None for c in list_checkpoints(run))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]  # no scratch
 
 
@@ -232,7 +233,8 @@ def test_a_deleted_lock_file_is_taken_again_at_the_next_checkpoint(prepared, tmp
 RUNNER = """
 import json, sys
 from pathlib import Path
-from lmforge.experiments.runner import Arm, check_all_finished, run_arms
+from lmforge.experiments.arms import Arm
+from lmforge.experiments.runner import check_all_finished, run_arms
 arm = Arm("pretrain/a", Path(sys.argv[1]), "gpt", json.loads(sys.argv[2]), max_steps=int(sys.argv[3]))
 results = run_arms([arm], poll_s=0.1)
 check_all_finished(results)
@@ -296,7 +298,8 @@ def test_arms_of_a_runner_killed_with_sigkill_stop_with_it_and_a_rerun_finishes(
 def test_a_rerun_waits_for_a_live_arm_it_did_not_start_instead_of_failing(prepared, tmp_path, capsys):
     """An orphan arm (of a runner killed where arms could outlive it) still trains in the run dir: the rerun waits
     for it, then finds the run finished."""
-    from lmforge.experiments.runner import Arm, arm_command, run_arms
+    from lmforge.experiments.arms import Arm, arm_command
+    from lmforge.experiments.runner import run_arms
 
     arm = Arm("pretrain/a", tmp_path / "pretrain" / "a", "gpt", arm_overrides(prepared), max_steps=30)
     arm.run_dir.mkdir(parents=True)

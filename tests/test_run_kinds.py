@@ -55,6 +55,22 @@ def test_run_runs_a_loaded_config_of_its_kind(tmp_path):
     data = T.write_labelled_dir(tmp_path / "d", {"train": T.sentiment(24), "dev": T.sentiment(8, seed=3)})
     over = [f"--run.dir={tmp_path / 'run'}", "--data.source=dir", f"--data.dir={data}", "--train.max_steps=2",
             "--train.batch_size=8", "--model.vocab_size=200", "--train.device=cpu"]  # fmt: skip
-    metrics = run("finetune", load_finetune_config("sst2-bert", over))
-    assert metrics == json.loads((tmp_path / "run" / "eval.json").read_text())
-    assert set(metrics) >= {"accuracy"}
+    started = []
+    done = run("finetune", load_finetune_config("sst2-bert", over), on_start=started.append)
+    assert done.metrics == json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert set(done.metrics) >= {"accuracy"}
+    assert done.run_dir == tmp_path / "run" and done.is_main
+    assert started == [done.job] and done.job.total_steps == 2  # told once the run is built, before it trains
+
+
+def test_no_command_branches_on_a_run_kinds_name():
+    """The commands, the Python API and the experiment runner take a kind's behaviour from its table entry."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "lmforge"
+    kinds = "|".join(RUN_KINDS) + "|eval"
+    branch = re.compile(rf"""(kind|\.kind|stage) *(==|!=) *["']({kinds})["']""")
+    found = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py") if p.name != "run_kinds.py"
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if branch.search(line)]  # fmt: skip
+    assert found == []

@@ -10,16 +10,9 @@ import yaml
 from training_testing import run_main
 
 from lmforge.errors import LMForgeError
+from lmforge.experiments.arms import Arm, arm_command, final_record, format_value, resolve_config
 from lmforge.experiments.data import shared_data
-from lmforge.experiments.runner import (
-    Arm,
-    arm_command,
-    check_all_finished,
-    final_record,
-    format_value,
-    resolve_config,
-    run_arms,
-)
+from lmforge.experiments.runner import check_all_finished, run_arms
 from lmforge.experiments.sweep import ShapeRule, load_sweep, plan_arms, shape_sizes
 from lmforge.experiments.tables import markdown_table, si
 from lmforge.models import Transformer, get_preset

@@ -9,13 +9,13 @@ from encoder_testing import objective, prepared, tokenizer
 from lm_objective_testing import run_cli
 
 from lmforge.errors import LMForgeError
+from lmforge.experiments.arms import resolve_config
 from lmforge.experiments.plan import plan_experiment
-from lmforge.experiments.runner import resolve_config
 from lmforge.experiments.spec import load_experiment
 from lmforge.objectives import masking as M
+from lmforge.pretrain.config import load_config
+from lmforge.pretrain.run import ObjectiveBatches
 from lmforge.train.distributed import rank_seed
-from lmforge.train.pretrain import ObjectiveBatches
-from lmforge.train.pretrain_config import load_config
 
 SEQ, BATCH = 64, 8
 

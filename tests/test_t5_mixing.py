@@ -12,8 +12,8 @@ import pytest
 import torch
 from training_testing import run_main
 
-from lmforge.data.examples import Example
-from lmforge.data.labelled import LabelledSet, write_labelled
+from lmforge.data.fetch.labelled_sets import LabelledSet, write_labelled
+from lmforge.data.labelled.examples import Example
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import load_finetune_config
 from lmforge.tasks.mixing import MixOptions, MixtureSampler, mixing_rates, mixture_sampler
@@ -104,7 +104,7 @@ def test_sampler_shuffles_a_task_before_repeating_it():
 
 
 def test_feature_batches_follow_the_sampler_and_resume():
-    from lmforge.train.finetune import FeatureBatches
+    from lmforge.finetune.run import FeatureBatches
 
     feats = [{"input_ids": [i + 1], "_task": 0 if i < 30 else 1} for i in range(40)]
     sampler = mixture_sampler([f["_task"] for f in feats], 2, MixOptions("equal"))

@@ -9,7 +9,7 @@ import tasks_testing as T
 import torch
 import torch.nn.functional as F
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.inputs import collate
@@ -132,10 +132,10 @@ def test_a_prompt_fine_tune_saves_reloads_and_predicts(tmp_path):
     """A pretrained-encoder checkpoint fine-tuned in the prompt format through the CLI's FineTuner; the run reloads
     with its template and words and predicts as it evaluated."""
     import lmforge
+    from lmforge.checkpoint.write import write_checkpoint_dir
+    from lmforge.finetune.run import FineTuner
     from lmforge.models import Transformer, get_preset
     from lmforge.tasks.config import load_finetune_config
-    from lmforge.train.checkpoint import write_checkpoint_dir
-    from lmforge.train.finetune import FineTuner
 
     tok = T.tokenizer("bart")
     words = one_token_words(tok)

@@ -8,11 +8,11 @@ import pytest
 import tasks_testing as T
 
 from lmforge.cli.eval import cmd_eval
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
+from lmforge.finetune.run import FineTuner
 from lmforge.tasks.config import load_finetune_config
 from lmforge.tasks.text_to_text_regression import TextToTextRegression, parse_score, score_text
-from lmforge.train.finetune import FineTuner
 
 GLUE = Path(__file__).parent / "fixtures" / "glue"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from process_testing import launch_script
 
-from lmforge.data import TokenLoader
+from lmforge.data.corpus.loader import TokenLoader
 
 # name -> (recipe, overrides): 2 global batches of windows, all of them, and prefix LM (a random prefix per window,
 # fixed for validation by a hash of the global batch).
@@ -27,9 +27,9 @@ def evaluate_runs(out: Path, overrides: list[str]) -> None:
     """Build each run on this rank and evaluate its initial weights as the training loop does."""
     import torch
 
+    from lmforge.pretrain.config import load_config
+    from lmforge.pretrain.run import Pretraining
     from lmforge.train.distributed import cleanup
-    from lmforge.train.pretrain import Pretraining
-    from lmforge.train.pretrain_config import load_config
 
     torch.set_num_threads(1)
     metrics, p = {}, None

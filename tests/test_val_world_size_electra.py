@@ -20,9 +20,9 @@ from process_testing import launch_script
 
 def evaluate_run(out: Path, overrides: list[str]) -> None:
     """Build the run on this rank and evaluate its initial weights as the training loop does."""
+    from lmforge.pretrain.config import load_config
+    from lmforge.pretrain.run import Pretraining
     from lmforge.train.distributed import cleanup
-    from lmforge.train.pretrain import Pretraining
-    from lmforge.train.pretrain_config import load_config
 
     torch.set_num_threads(1)
     p = Pretraining(load_config("electra", [f"--run.dir={out}", *overrides]))
@@ -53,7 +53,7 @@ def split_batch():
 
 def test_half_batches_get_the_whole_batch_samples_and_loss():
     """What two ranks do with a global batch of 8: each scores 4 of its rows (take_rows drops the flat index)."""
-    from lmforge.data.loader import take_rows
+    from lmforge.data.corpus.loader import take_rows
 
     obj, model, batch = split_batch()
     inputs = []
@@ -115,7 +115,8 @@ def wordpiece_data(tmp_path_factory) -> tuple[Path, Path]:
     """A 512-token BERT WordPiece tokenizer (ELECTRA masks with its [MASK]) and prepared shards of 30 documents."""
     from training_testing import write_docs
 
-    from lmforge.data import load_default_corpus, prepare
+    from lmforge.data.corpus.bundled import load_default_corpus
+    from lmforge.data.corpus.prepare import prepare
     from lmforge.tokenizers import train_tokenizer
 
     d = tmp_path_factory.mktemp("electra-data")

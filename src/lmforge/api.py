@@ -22,8 +22,8 @@ import torch
 from lmforge.config import resolved_run_dir
 from lmforge.errors import LMForgeError
 from lmforge.loading import load
-from lmforge.train.pretrain_config import Config
-from lmforge.train.pretrain_resolve import overrides_tree, pretrain_config
+from lmforge.pretrain.resolve import overrides_tree
+from lmforge.run_kinds import config, run, run_kind
 
 
 @dataclass
@@ -38,31 +38,30 @@ class RunResult:
         return load(self.run_dir, device)
 
 
-def _place_datasets(tree: dict, kind: str, recipe: str, default_dir: str) -> dict[Path, Any]:
-    """Replace the live datasets of `data.inputs` (pretraining) or `data.dir` (fine-tuning) in `tree` by the dirs
-    of the run they will be saved to, RUN/inputs/N; return {dir: dataset}."""
+def _place_datasets(tree: dict, kind: str, recipe: str) -> dict[Path, Any]:
+    """Replace the live datasets in `tree` where the run kind takes one (pretraining's data.inputs, fine-tuning's
+    data.dir) by the dirs of the run they will be saved to, RUN/inputs/N; return {dir: dataset}."""
     from lmforge.data.hf_datasets import is_dataset
 
-    data = tree.get("data")
-    if not isinstance(data, dict):
+    slot, data = run_kind(kind).datasets, tree.get("data")
+    if slot is None or not isinstance(data, dict):
         return {}
-    key = "inputs" if kind == "pretrain" else "dir"
-    values = data.get(key)
-    items = values if key == "inputs" and isinstance(values, list | tuple) else [values]
+    values = data.get(slot.key)
+    items = values if slot.many and isinstance(values, list | tuple) else [values]
     if not any(is_dataset(v) for v in items):
         return {}
-    inputs = resolved_run_dir(recipe, kind, tree, default_dir) / "inputs"
+    inputs = resolved_run_dir(recipe, kind, tree, run_kind(kind).schema()().run.dir) / "inputs"
     live = {inputs / str(i): v for i, v in enumerate(items) if is_dataset(v)}
     for ds in live.values():
         if not hasattr(ds, "save_to_disk"):
             raise LMForgeError(
-                f"data.{key}: a streamed {type(ds).__name__} cannot be saved with the run; pass a Dataset or "
+                f"data.{slot.key}: a streamed {type(ds).__name__} cannot be saved with the run; pass a Dataset or "
                 "DatasetDict (e.g. Dataset.from_generator) or a save_to_disk dir"
             )
     placed = [str(inputs / str(i)) if is_dataset(v) else v for i, v in enumerate(items)]
-    data[key] = placed if key == "inputs" else placed[0]
-    if kind == "finetune":
-        data.setdefault("source", "datasets")
+    data[slot.key] = placed if slot.many else placed[0]
+    for key, value in slot.sets:
+        data.setdefault(key, value)
     return live
 
 
@@ -71,7 +70,7 @@ def _save_datasets(live: dict[Path, Any], run_dir: Path, resume: bool) -> None:
     it began with; a run dir with checkpoints and no resume is left alone (the run refuses it)."""
     import shutil
 
-    from lmforge.checkpoints import list_checkpoints
+    from lmforge.checkpoint.layout import list_checkpoints
 
     if not resume and list_checkpoints(run_dir):
         return
@@ -85,20 +84,22 @@ def _save_datasets(live: dict[Path, Any], run_dir: Path, resume: bool) -> None:
         scratch.rename(where)
 
 
+def _train(kind: str, recipe: str | None, tree: dict, resume: bool, **given: Any) -> RunResult:
+    """Run a `kind` run from `recipe` with the overrides `tree` (its live datasets saved into the run first)."""
+    live = _place_datasets(tree, kind, recipe or run_kind(kind).default_recipe(None))
+    cfg = config(kind, recipe, tree, resume=resume, **given)
+    _save_datasets(live, Path(cfg.run.dir), resume)
+    done = run(kind, cfg, resume)
+    return RunResult(done.run_dir, done.metrics)
+
+
 def pretrain(
     recipe: str | None = None, overrides: list[str] | dict | None = None, *, resume: bool = False, **sections: Any
 ) -> RunResult:
     """Pretrain as `lmforge pretrain` does. `overrides`: {"train.max_steps": 100} (or CLI-style strings);
     `sections`: train={"max_steps": 100}, model={"preset": "gpt-tiny"}. Returns the run dir and the last
     validation metrics."""
-    from lmforge.train.pretrain import Pretraining
-
-    tree = overrides_tree(overrides, sections)
-    live = _place_datasets(tree, "pretrain", recipe or "demo", Config().run.dir)
-    cfg = pretrain_config(recipe, tree, resume=resume)
-    _save_datasets(live, Path(cfg.run.dir), resume)
-    run = Pretraining(cfg, resume=resume)
-    return RunResult(run.run_dir, run.fit())
+    return _train("pretrain", recipe, overrides_tree(overrides, sections), resume)
 
 
 def finetune(
@@ -107,16 +108,7 @@ def finetune(
 ) -> RunResult:  # fmt: skip
     """Fine-tune as `lmforge finetune RECIPE --init INIT` does; returns the run dir and the best checkpoint's dev
     metrics (also in RUN/eval.json)."""
-    from lmforge.tasks.config import FtRunConfig
-    from lmforge.tasks.resolve import finetune_config
-    from lmforge.train.finetune import FineTuner
-
-    tree = overrides_tree(overrides, sections)
-    live = _place_datasets(tree, "finetune", recipe or "sst2-gpt", FtRunConfig().dir)
-    cfg = finetune_config(recipe, init, tree, resume=resume)
-    _save_datasets(live, Path(cfg.run.dir), resume)
-    tuner = FineTuner(cfg, resume=resume)
-    return RunResult(tuner.run_dir, tuner.fit())
+    return _train("finetune", recipe, overrides_tree(overrides, sections), resume, init=init)
 
 
 def evaluate(

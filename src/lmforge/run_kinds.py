@@ -1,13 +1,16 @@
-"""The run kinds in one table: each kind's config schema, default recipe, resolved config (what `config show`
-prints and a run saves) and run function. `config show`, `--help` and `run(kind, cfg, resume)` look a kind up
-here instead of branching on its name; every kind trains in the one frame of `train/session.py`. No command-line
-code: the commands (lmforge.cli) read this table, not the other way round."""
+"""The run kinds in one table: each kind's config schema, default recipe, typed config from a recipe and overrides,
+that config as the plain dict a run saves (what `config show` prints), the place a live `datasets` object may
+stand, and its run. The commands (lmforge.cli), the Python API (lmforge.api) and the experiment runner (whose arms
+are these commands) look a kind up here and run it with `run(kind, cfg, resume)` instead of branching on its name;
+every kind trains in the one frame of `train/session.py`. No command-line code here: the commands read this
+table, not the other way round."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LMForgeError
@@ -18,34 +21,74 @@ ALIGN_DEFAULTS = {"sft": "sft-sentiment", "reward": "reward-continuation", "dpo"
 
 
 @dataclass(frozen=True)
+class DatasetSlot:
+    """Where a live `datasets.Dataset` may stand in a kind's config (the Python API saves it into the run):
+    `key` in the data section, a list of inputs when `many`, and the data keys it sets beside it."""
+
+    key: str
+    many: bool = False
+    sets: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished run: its dir, its final metrics (compress: the report's rows), the run object that trained
+    (None where a kind has none to show), whether this process reports (rank 0), and the run's own table in words
+    where it writes one (compress)."""
+
+    run_dir: Path
+    metrics: Any
+    job: Any = None
+    is_main: bool = True
+    table: str | None = None
+
+
+@dataclass(frozen=True)
 class RunKind:
-    """One run kind: `schema()` its config dataclass, `default_recipe(method)` the bundled recipe it runs when none
-    is named, `resolve(recipe, overrides, init, resume, method, teacher)` its resolved config as the plain dict a
-    run saves, and `run(cfg, resume)` the run of a loaded config (→ its final metrics, or the report's rows)."""
+    """One run kind: `schema()` its config dataclass; `default_recipe(method)` the bundled recipe it runs when none
+    is named; `config(recipe, overrides, init=, resume=, method=, teacher=, reward=)` its typed config;
+    `to_dict(cfg)` that config as the plain dict a run saves; `execute(cfg, resume, on_start)` its run →
+    Finished (`on_start(job)` is called once the run is built, before it trains); `datasets` where a live dataset
+    may stand."""
 
     schema: Callable[[], type]
     default_recipe: Callable[[str | None], str]
-    resolve: Callable[..., dict]
-    run: Callable[[Any, bool], Any]
+    config: Callable[..., Any]
+    to_dict: Callable[[Any], dict]
+    execute: Callable[[Any, bool, Callable[[Any], None] | None], Finished]
+    datasets: DatasetSlot | None = None
+
+
+def _fit(job, on_start: Callable[[Any], None] | None) -> Finished:
+    """Train a built run object (Pretraining, FineTuner) → Finished."""
+    if on_start is not None:
+        on_start(job)
+    final = job.fit()
+    return Finished(Path(job.run_dir), final, job, job.dist.is_main)
 
 
 def _pretrain_schema() -> type:
-    from lmforge.train.pretrain_config import Config
+    from lmforge.pretrain.config import Config
 
     return Config
 
 
-def _pretrain_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
-    from lmforge.train.pretrain_config import to_dict
-    from lmforge.train.pretrain_resolve import pretrain_config
+def _pretrain_config(recipe, overrides, init=None, resume=False, method=None, teacher=None, reward=None):
+    from lmforge.pretrain.resolve import pretrain_config
 
-    return to_dict(pretrain_config(recipe, overrides, resume=resume))
+    return pretrain_config(recipe, overrides, resume=resume)
 
 
-def _pretrain_run(cfg, resume: bool = False) -> dict[str, float]:
-    from lmforge.train.pretrain import Pretraining
+def _pretrain_dict(cfg) -> dict:
+    from lmforge.pretrain.config import to_dict
 
-    return Pretraining(cfg, resume=resume).fit()
+    return to_dict(cfg)
+
+
+def _pretrain_execute(cfg, resume=False, on_start=None) -> Finished:
+    from lmforge.pretrain.run import Pretraining
+
+    return _fit(Pretraining(cfg, resume=resume), on_start)
 
 
 def _finetune_schema() -> type:
@@ -54,17 +97,22 @@ def _finetune_schema() -> type:
     return FinetuneConfig
 
 
-def _finetune_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
+def _finetune_config(recipe, overrides, init=None, resume=False, method=None, teacher=None, reward=None):
+    from lmforge.finetune.resolve import finetune_config
+
+    return finetune_config(recipe, init, overrides, resume)
+
+
+def _finetune_dict(cfg) -> dict:
     from lmforge.tasks.config import finetune_to_dict
-    from lmforge.tasks.resolve import finetune_config
 
-    return finetune_to_dict(finetune_config(recipe, init, overrides, resume))
+    return finetune_to_dict(cfg)
 
 
-def _finetune_run(cfg, resume: bool = False) -> dict[str, float]:
-    from lmforge.train.finetune import FineTuner
+def _finetune_execute(cfg, resume=False, on_start=None) -> Finished:
+    from lmforge.finetune.run import FineTuner
 
-    return FineTuner(cfg, resume=resume).fit()
+    return _fit(FineTuner(cfg, resume=resume), on_start)
 
 
 def _align_schema() -> type:
@@ -73,19 +121,27 @@ def _align_schema() -> type:
     return AlignConfig
 
 
-def _align_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
-    from lmforge.align.config import align_to_dict, load_align_config
+def _align_config(recipe, overrides, init=None, resume=False, method=None, teacher=None, reward=None):
+    from lmforge.align.config import load_align_config
     from lmforge.align.resolve import align_config
 
     recipe = recipe or ALIGN_DEFAULTS[method or "sft"]
     method = method or load_align_config(recipe, overrides).method
-    return align_to_dict(align_config(method, recipe, init, overrides, resume))
+    return align_config(method, recipe, init, overrides, resume, reward)
 
 
-def _align_run(cfg, resume: bool = False) -> dict[str, float]:
+def _align_dict(cfg) -> dict:
+    from lmforge.align.config import align_to_dict
+
+    return align_to_dict(cfg)
+
+
+def _align_execute(cfg, resume=False, on_start=None) -> Finished:
     from lmforge.align.run import run_align
 
-    return run_align(cfg, resume)
+    if on_start is not None:
+        on_start(cfg)
+    return Finished(Path(cfg.run.dir), run_align(cfg, resume))
 
 
 def _compress_schema() -> type:
@@ -94,26 +150,29 @@ def _compress_schema() -> type:
     return CompressConfig
 
 
-def _compress_resolve(recipe, overrides, init=None, resume=False, method=None, teacher=None) -> dict:
+def _compress_config(recipe, overrides, init=None, resume=False, method=None, teacher=None, reward=None):
     from lmforge.compress.config import load_compress_config
 
-    if resume:
-        raise LMForgeError("a compression report resumes from its recipe: drop --resume")
-    return dataclasses.asdict(load_compress_config(recipe or "sentiment-gpt", overrides, teacher=teacher))
+    return load_compress_config(recipe or "sentiment-gpt", list(overrides or []), teacher=teacher)
 
 
-def _compress_run(cfg, resume: bool = False) -> list:
+def _compress_execute(cfg, resume=False, on_start=None) -> Finished:
     from lmforge.compress.report import compression_report
 
-    return compression_report(cfg, resume)[0]
+    rows, table = compression_report(cfg, resume)
+    return Finished(Path(cfg.out), rows, table=table)
 
 
 RUN_KINDS: dict[str, RunKind] = {
-    "pretrain": RunKind(_pretrain_schema, lambda m: "demo", _pretrain_resolve, _pretrain_run),
-    "finetune": RunKind(_finetune_schema, lambda m: "sst2-gpt", _finetune_resolve, _finetune_run),
-    "align": RunKind(_align_schema, lambda m: ALIGN_DEFAULTS[m or "sft"], _align_resolve, _align_run),
-    "compress": RunKind(_compress_schema, lambda m: "sentiment-gpt", _compress_resolve, _compress_run),
-}
+    "pretrain": RunKind(_pretrain_schema, lambda m: "demo", _pretrain_config, _pretrain_dict, _pretrain_execute,
+                        DatasetSlot("inputs", many=True)),
+    "finetune": RunKind(_finetune_schema, lambda m: "sst2-gpt", _finetune_config, _finetune_dict, _finetune_execute,
+                        DatasetSlot("dir", sets=(("source", "datasets"),))),
+    "align": RunKind(_align_schema, lambda m: ALIGN_DEFAULTS[m or "sft"], _align_config, _align_dict,
+                     _align_execute),
+    "compress": RunKind(_compress_schema, lambda m: "sentiment-gpt", _compress_config, dataclasses.asdict,
+                        _compress_execute),
+}  # fmt: skip
 """Kind name → its entry (`m`: an align method)."""
 
 
@@ -124,7 +183,18 @@ def run_kind(kind: str) -> RunKind:
     return RUN_KINDS[kind]
 
 
-def run(kind: str, cfg, resume: bool = False):
-    """Run a loaded config of `kind` (`cfg`: an instance of its schema) → its final metrics (compress: the report's
-    rows)."""
-    return run_kind(kind).run(cfg, resume)
+def config(kind: str, recipe: str | None, overrides: list[str] | dict | None = None, **given: Any):
+    """The typed config of a `kind` run from `recipe` (None: the kind's default) and `overrides`; `given`: init,
+    resume, method, teacher, reward where the kind takes them."""
+    return run_kind(kind).config(recipe, overrides if overrides is not None else [], **given)
+
+
+def resolve(kind: str, recipe: str | None, overrides: list[str] | dict | None = None, **given: Any) -> dict:
+    """The resolved config a `kind` run would save, as a plain dict (`config show`)."""
+    return run_kind(kind).to_dict(config(kind, recipe, overrides, **given))
+
+
+def run(kind: str, cfg, resume: bool = False, on_start: Callable[[Any], None] | None = None) -> Finished:
+    """Run a loaded config of `kind` (`cfg`: an instance of its schema) → Finished. `on_start(job)` runs once the
+    run is built (its data read, its model made), before its first step: the commands say there what will train."""
+    return run_kind(kind).execute(cfg, resume, on_start)

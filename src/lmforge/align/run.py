@@ -22,14 +22,16 @@ from lmforge.align.rollout import RolloutOptions, RolloutSource, sample_metrics,
 from lmforge.align.sft import choice_accuracy, encode_all, response_loss, sft_loss
 from lmforge.align.templates import Conversation, add_role_tokens, get_template
 from lmforge.align.train import ShuffledBatches, initial_model
+from lmforge.checkpoint.layout import CONFIG_FILE
+from lmforge.checkpoint.read import load_weights, read_config
+from lmforge.checkpoint.verify import model_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
 from lmforge.progress import status
-from lmforge.train import checkpoint as ckpt
+from lmforge.train.device import autocast_for
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.prefetch import BatchSource
 from lmforge.train.session import RunSession
-from lmforge.train.setup import autocast_for
 
 
 def _split(items: list, dev: list | None) -> tuple[list, list]:
@@ -129,7 +131,7 @@ class Run:
             )
             loop = self.session.start(
                 model, loss_fn, batches, spec, config=align_to_dict(cfg),
-                save_config=lambda: save_align_config(cfg, self.dir / ckpt.CONFIG_FILE),
+                save_config=lambda: save_align_config(cfg, self.dir / CONFIG_FILE),
             )  # fmt: skip
             if eval_first and loop.step == 0 and d.is_main:
                 model.eval()
@@ -303,10 +305,10 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu") -> t
     from lmforge.models.presets import model_config_from_dict
     from lmforge.tokenizers import Tokenizer
 
-    c = ckpt.model_checkpoint(Path(path))
-    raw = ckpt.read_config(c)
+    c = model_checkpoint(Path(path))
+    raw = read_config(c)
     if not raw.get("reward_model"):
         raise LMForgeError(f"{c} is not a reward-model checkpoint")
     model = RewardModel(Transformer(model_config_from_dict(raw["model"])))
-    ckpt.load_weights(c, model)
+    load_weights(c, model)
     return model.to(device).eval(), Tokenizer.load(c)

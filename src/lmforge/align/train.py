@@ -7,14 +7,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lmforge.config.sections import LoopConfig, OptimConfig
-from lmforge.config.types import Fraction, NonNegFloat, OpenFraction, PosInt
+from lmforge.config.sections import LoopConfig, OptimConfig, optim_defaults
+from lmforge.config.types import PosInt
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 from lmforge.train.distributed import DistInfo
@@ -22,18 +21,13 @@ from lmforge.train.prefetch import Batch
 
 
 @dataclass
+@optim_defaults(lr=1e-4, warmup_steps=10, schedule="linear", min_lr_ratio=0.1, weight_decay=0.0, beta2=0.999)
 class AlignTrainConfig(LoopConfig, OptimConfig):
     """Optimisation of an alignment run (the `train.*` keys of an align recipe): AdamW, linear warmup, then linear
     decay to 10% of lr."""
 
     max_steps: PosInt = 200
     batch_size: PosInt = 16
-    lr: NonNegFloat = 1e-4
-    warmup_steps: int = 10
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
-    min_lr_ratio: Fraction = 0.1
-    weight_decay: NonNegFloat = 0.0
-    beta2: OpenFraction = 0.999
     eval_every: PosInt = 100
     save_every: PosInt | None = None
     """Save a resumable checkpoint every N steps (None = at each evaluation)."""

@@ -99,12 +99,14 @@ def run(args: argparse.Namespace) -> None:
 def _run(
     method: str, recipe: str, init: str | None, overrides: list[str], resume: bool = False, reward: str | None = None
 ) -> dict[str, float]:
-    from lmforge.align.resolve import align_config
-    from lmforge.align.run import run_align
+    from lmforge.run_kinds import config, run
 
-    cfg = align_config(method, recipe, init, overrides, resume, reward)
-    print(f"{method}: {cfg.model.init} on {cfg.data.train or ', '.join(cfg.data.sources)}, {cfg.train.max_steps} steps")
-    final = run_align(cfg, resume)
+    def announce(cfg) -> None:
+        print(f"{method}: {cfg.model.init} on {cfg.data.train or ', '.join(cfg.data.sources)}, "
+              f"{cfg.train.max_steps} steps")  # fmt: skip
+
+    cfg = config("align", recipe, overrides, init=init, resume=resume, method=method, reward=reward)
+    final = run("align", cfg, resume, announce).metrics
     print("dev: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     print(f"run saved in {cfg.run.dir}")
     return final
@@ -141,9 +143,10 @@ def cmd_ppo(
 
 
 def _template_of(run: str) -> str:
-    from lmforge.train import checkpoint as ckpt
+    from lmforge.checkpoint.read import read_config
+    from lmforge.checkpoint.verify import model_checkpoint
 
-    raw = ckpt.read_config(ckpt.model_checkpoint(Path(run)))
+    raw = read_config(model_checkpoint(Path(run)))
     return ((raw.get("align") or {}).get("model") or {}).get("template", "chat")
 
 

@@ -42,14 +42,12 @@ def cmd_compress_report(
     """Compress a fine-tuned classifier (`teacher`: a `lmforge finetune` run; default: fine-tune the recipe's
     teacher first) and print the size / CPU latency / dev accuracy table (also OUT/report.md, OUT/report.json).
     Returns the table rows."""
-    from lmforge.compress.config import load_compress_config
-    from lmforge.compress.report import compression_report
+    from lmforge.run_kinds import config, run
 
-    cfg = load_compress_config(recipe or "sentiment-gpt", list(overrides or []), teacher=teacher)
-    rows, table = compression_report(cfg, resume)
-    print(table, end="")
-    print(f"report written to {cfg.out}/report.md")
-    return rows
+    done = run("compress", config("compress", recipe, overrides, teacher=teacher), resume)
+    print(done.table, end="")
+    print(f"report written to {done.run_dir}/report.md")
+    return done.metrics
 
 
 def cmd_quantize(path: str, seq_len: int = 64, runs: int = 10, threads: int = 1) -> dict[str, float]:

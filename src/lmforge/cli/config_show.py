@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from lmforge.config import RECIPES_DIR, resolve_recipe
-from lmforge.run_kinds import RUN_KINDS, run_kind
+from lmforge.run_kinds import RUN_KINDS, resolve, run_kind
 
 KINDS = tuple(RUN_KINDS)
 
@@ -34,7 +34,7 @@ def resolved_tree(
     method: str | None = None, teacher: str | None = None,
 ) -> dict:  # fmt: skip
     """The resolved config of `recipe` (default: the kind's) with `overrides`, as the plain dict a run saves."""
-    return run_kind(kind).resolve(recipe, overrides, init, resume, method, teacher)
+    return resolve(kind, recipe, overrides, init=init, resume=resume, method=method, teacher=teacher)
 
 
 def show_config(

@@ -50,7 +50,7 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"], merge: bool 
     src, out = Path(src), Path(out)
     _check_out(out, src, to)
     if to == "hf" and _finetuned(src):
-        from lmforge.tasks.export_run import export_finetuned
+        from lmforge.finetune.export import export_finetuned
 
         print(export_finetuned(src, out, merge=merge))
         return
@@ -65,7 +65,7 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"], merge: bool 
         export_hf(model, out, tokenizer)
         print(f"wrote Hugging Face {conv.model_type} model to {out} (transformers.{conv.auto_class(model.config)})")
     else:
-        from lmforge.train.checkpoint import write_checkpoint_dir
+        from lmforge.checkpoint.write import write_checkpoint_dir
 
         config = {"model": dataclasses.asdict(model.config)}
         write_checkpoint_dir(out, model, config=config, tokenizer=tokenizer)

@@ -27,22 +27,23 @@ def run(args: argparse.Namespace) -> None:
 def cmd_finetune(recipe: str | None, init: str | None, overrides: list[str], resume: bool = False) -> dict[str, float]:
     """Fine-tune `init` (a run/checkpoint/HF dir, a preset, or none) on the recipe's task; print and return the
     best checkpoint's dev metrics (also in RUN/eval.json)."""
+    from lmforge.run_kinds import config, run
     from lmforge.tasks.data import data_label
     from lmforge.tasks.multi_task import MultiTask
-    from lmforge.tasks.resolve import finetune_config
-    from lmforge.train.finetune import FineTuner
 
-    cfg = finetune_config(recipe, init, overrides, resume)
-    tuner = FineTuner(cfg, resume=resume)
-    main = tuner.dist.is_main
-    n = {k: len(v.examples) for k, v in tuner.splits.items()}
-    if main:
+    def announce(tuner) -> None:
+        if not tuner.dist.is_main:
+            return
+        cfg = tuner.cfg
+        n = {k: len(v.examples) for k, v in tuner.splits.items()}
         data = ", ".join(tuner.task.subtasks) if isinstance(tuner.task, MultiTask) else None  # its tasks' data
         data = data or f"{cfg.data.source} {data_label(cfg.data)}"
         print(f"fine-tuning {cfg.model.init} on {cfg.task.type} ({data}): "
               + ", ".join(f"{k} {v}" for k, v in n.items()) + f"; {tuner.total_steps} steps")  # fmt: skip
-    final = tuner.fit()
-    if not main:  # rank 0 reports
+
+    done = run("finetune", config("finetune", recipe, overrides, init=init, resume=resume), resume, announce)
+    tuner, final = done.job, done.metrics
+    if not done.is_main:  # rank 0 reports
         return final
     print(f"dev (best checkpoint): {_scores_line(tuner, 'dev', final)}")
     if tuner.tested is not None:  # a labelled test split

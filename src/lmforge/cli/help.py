@@ -190,8 +190,8 @@ def pretrain_help(recipe: str | None, overrides: list[str], values: dict) -> str
     """`lmforge pretrain --help`'s epilog; `values`: the resolved config of `recipe` with `overrides`."""
     from lmforge.models.config import ModelConfig
     from lmforge.objectives import OBJECTIVES
+    from lmforge.pretrain.config import Config
     from lmforge.registry import MODELS
-    from lmforge.train.pretrain_config import Config
 
     parts = [*_header("pretrain", recipe, "demo", list(overrides)), "", "config keys (--section.key=value):"]
     preset = _fmt(get_key(values, "model.name"))
@@ -248,10 +248,10 @@ def kind_help(kind: str, recipe: str | None, overrides: list[str], init: str | N
               method: str | None = None) -> str:  # fmt: skip
     """The --help epilog of a training command of run kind `kind` (an align `method`): the recipes, or the named
     one, and every key with the value `recipe` with `--init` and `overrides` resolves to."""
-    from lmforge.run_kinds import run_kind
+    from lmforge.run_kinds import resolve, run_kind
 
     entry = run_kind(kind)
-    values = entry.resolve(recipe, list(overrides), init, False, method)
+    values = resolve(kind, recipe, list(overrides), init=init, method=method)
     if kind in _EPILOGS:
         return _EPILOGS[kind](recipe, overrides, values)
     return schema_help(kind, entry.schema(), recipe, overrides, values, entry.default_recipe(method))

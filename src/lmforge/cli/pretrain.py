@@ -21,19 +21,16 @@ def overrides(args: argparse.Namespace, argv: list[str], extra: list[str]) -> li
 
 
 def run(args: argparse.Namespace) -> None:
-    from lmforge.train.pretrain import Pretraining
-    from lmforge.train.pretrain_resolve import pretrain_config
+    from lmforge.run_kinds import config, run
 
-    cfg = pretrain_config(recipe_of(args), args.overrides, resume=args.resume)
-    trainer = Pretraining(cfg, resume=args.resume)
-    final = trainer.fit()
-    if trainer.dist.is_main:
-        report(trainer, final)
+    done = run("pretrain", config("pretrain", recipe_of(args), args.overrides, resume=args.resume), args.resume)
+    if done.is_main:
+        report(done.job, done.metrics)
 
 
 def report(trainer, final: dict) -> None:
     """The validation scores beside the unigram baseline, the config's samples and where the run is saved."""
-    from lmforge.data import unigram_cross_entropy
+    from lmforge.data.corpus.loader import unigram_cross_entropy
     from lmforge.models.generate import generate_text
 
     cfg = trainer.cfg

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict
-from lmforge.config.sections import LoopConfig, OptimConfig
-from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Range, Seed
+from lmforge.config.sections import LoopConfig, OptimConfig, optim_defaults
+from lmforge.config.types import NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Range, Seed
 
 
 @dataclass
@@ -25,18 +25,13 @@ class TeacherConfig:
 
 
 @dataclass
+@optim_defaults(lr=1e-4, schedule="linear", min_lr_ratio=0.0, warmup_ratio=0.1, weight_decay=0.01, beta2=0.999)
 class CompressTrain(LoopConfig, OptimConfig):
     """Training of a compressed variant: AdamW, linear warmup over 10% of the steps, linear decay to 0. Each
     variant trains as an ordinary run in OUT/<variant> (resumable with `lmforge compress report --resume`)."""
 
     max_steps: PosInt = 300
     batch_size: PosInt = 32
-    lr: NonNegFloat = 1e-4
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
-    min_lr_ratio: Fraction = 0.0
-    warmup_ratio: Fraction | None = 0.1
-    weight_decay: NonNegFloat = 0.01
-    beta2: OpenFraction = 0.999
     save_every: PosInt = 100
     keep_last: PosInt = 1
     device: str = "cpu"

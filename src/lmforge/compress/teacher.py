@@ -12,15 +12,15 @@ def load_teacher(cfg: CompressConfig, resume: bool = False):
     """(task, task model in eval mode on the CPU, splits) of the configured teacher. Without `teacher.run`, the
     teacher is fine-tuned first with `teacher.recipe` into OUT/teacher (reused when it finished there; with
     `resume`, an unfinished one continues)."""
-    from lmforge.data.examples import Dataset
+    from lmforge.checkpoint.layout import list_checkpoints
+    from lmforge.data.labelled.examples import Dataset
     from lmforge.loading import load_finetuned
     from lmforge.tasks.data import load_splits
-    from lmforge.train import checkpoint as ckpt
 
     t = cfg.teacher
     run = Path(t.run) if t.run else Path(cfg.out) / "teacher"
     if t.run is None and not (run / "eval.json").is_file():
-        _finetune_teacher(cfg, run, resume and bool(ckpt.list_checkpoints(run)))
+        _finetune_teacher(cfg, run, resume and bool(list_checkpoints(run)))
     if not run.exists():
         raise LMForgeError(f"teacher.run: {run} not found")
     task, model, _, ft_cfg = load_finetuned(run)
@@ -34,8 +34,8 @@ def load_teacher(cfg: CompressConfig, resume: bool = False):
 
 
 def _finetune_teacher(cfg: CompressConfig, run: Path, resume: bool) -> None:
+    from lmforge.finetune.run import FineTuner
     from lmforge.tasks.config import load_finetune_config
-    from lmforge.train.finetune import FineTuner
 
     ft = load_finetune_config(cfg.teacher.recipe, [*cfg.teacher.overrides, f"--run.dir={run}", "--train.device=cpu"])
     print(f"fine-tuning the teacher ({cfg.teacher.recipe}) into {run}", flush=True)

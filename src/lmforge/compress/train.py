@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from lmforge.checkpoint.verify import latest_checkpoint
 from lmforge.compress.config import CompressTrain
 from lmforge.compress.distill import DistillWeights, distillation_loss
 from lmforge.errors import LMForgeError
+from lmforge.finetune.run import FeatureBatches
 from lmforge.objectives.base import LossOutput
-from lmforge.train import checkpoint as ckpt
-from lmforge.train.finetune import FeatureBatches
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.session import RunSession
 
@@ -41,7 +41,7 @@ def train_variant(
         loop = session.start(model.to(session.device), loss_fn, batches, spec, config=config, save_config=False)
         loop.run()
         model.to("cpu").eval()
-        return {"steps": loop.step, "checkpoint": str(ckpt.latest_checkpoint(session.dir))}
+        return {"steps": loop.step, "checkpoint": str(latest_checkpoint(session.dir))}
 
 
 def task_loss(task):

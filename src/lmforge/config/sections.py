@@ -5,8 +5,10 @@ numeric value is range-checked when a recipe loads."""
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Seed, UnitFraction
 
@@ -170,3 +172,25 @@ class LoopConfig:
     """Extra metric sinks beside metrics.jsonl, each lmforge's extra of the same name: tensorboard (RUN/tensorboard),
     wandb (W&B's WANDB_* settings; WANDB_MODE=offline works without an account), mlflow (MLFLOW_TRACKING_URI, else
     the SQLite store RUN/mlflow.db)."""
+
+
+def optim_defaults(**values: Any) -> Callable[[type], type]:
+    """A run kind's own defaults for OptimConfig's keys, set under `@dataclass` (`@dataclass` then
+    `@optim_defaults(lr=1e-4, ...)` on a `train` section that derives from OptimConfig): each key keeps its one
+    declaration (type, range, docstring) in OptimConfig and the kind states its value only."""
+    types = typing.get_type_hints(OptimConfig, include_extras=True)  # objects: the kind's module need not import them
+
+    def apply(cls: type) -> type:
+        unknown = sorted(set(values) - set(types))
+        if unknown or not issubclass(cls, OptimConfig):
+            raise TypeError(
+                f"{cls.__name__}: optim_defaults takes OptimConfig keys of an OptimConfig section: {unknown}"
+            )
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in values.items():
+            own[name] = types[name]  # a redefinition keeps the base field's place and type
+            setattr(cls, name, value)
+        cls.__annotations__ = own
+        return cls
+
+    return apply

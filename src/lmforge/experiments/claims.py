@@ -139,23 +139,15 @@ def render(decided: list[dict[str, Any]]) -> str:
 def values_by_seed(results: list, column: str) -> dict[str, dict[int, float]]:
     """{arm: {seed: value}} of one report column over the finished runs (the table's own column names and scale:
     task and evaluation metrics × 100, "val loss" as it is)."""
+    from lmforge.experiments.arms import STAGES
+
     out: dict[str, dict[int, float]] = {}
     for r in results:
         if r.final is None:
             continue
-        i = r.arm.info
-        if r.arm.kind == "finetune":
-            for split in ("dev", "test"):
-                for k, v in (r.final.get(split) or {}).items():
-                    if f"{i['task']} {split} {k}" == column:
-                        out.setdefault(i["arm"], {})[i["seed"]] = 100 * v
-        elif r.arm.kind == "eval":
-            for metrics in r.final.values():
-                for k, v in metrics.items():
-                    if f"{i['eval']} {k}" == column:
-                        out.setdefault(i["arm"], {})[i["seed"]] = 100 * v
-        elif r.arm.kind == "pretrain" and column == "val loss":
-            out.setdefault(i["arm"], {})[i["seed"]] = r.final["val_loss"]
+        for name, value in STAGES[r.arm.kind].cells(r.arm.info, r.final):
+            if name == column:
+                out.setdefault(r.arm.info["arm"], {})[r.arm.info["seed"]] = value
     return out
 
 

@@ -42,14 +42,15 @@ def shared_data(cfg, dest: Path, vocab_size: int | None = None) -> dict[str, Any
     """Overrides pointing a pretraining Config at one tokenizer and one prepared corpus, made in `dest` if needed
     (`vocab_size`: of a tokenizer trained here, default data.vocab_size). `train_tokens` in the result is the
     corpus's training-split size, not an override."""
-    from lmforge.data import load_default_corpus, prepare, read_documents
-    from lmforge.data.readers import resolve_sources
+    from lmforge.data.corpus.bundled import load_default_corpus
+    from lmforge.data.corpus.prepare import prepare
+    from lmforge.data.corpus.readers import read_documents, resolve_sources
     from lmforge.tokenizers import Tokenizer, train_tokenizer
     from lmforge.tokenizers.published import load_tokenizer
 
     d = cfg.data
     if d.prepared and not d.tokenizer:
-        from lmforge.data.prepare import prepared_tokenizer
+        from lmforge.data.corpus.prepare import prepared_tokenizer
 
         d.tokenizer = prepared_tokenizer(d.prepared)
     # The input files, found once (a missing input stops the experiment before anything is trained).

@@ -1,6 +1,6 @@
 """`finetune.ensembles` (experiments/spec.py): a fine-tuning arm's runs, `size` seeds at a time, combined into one
 model that predicts the label of highest mean probability over the group's runs (a prediction ensemble). Formed
-from each run's predictions.json (train/finetune.py) when the report is written, so it costs no training; each
+from each run's predictions.json (finetune/run.py) when the report is written, so it costs no training; each
 group is written like a run, as OUT/ensemble/TASK/NAME-sJ/ (eval.json, eval_test.json, predictions.json), and is a
 row of the report with one seed per group. The report also forms the ensemble from every group of `size` of the
 arm's finished runs (`spread`), to show how much its figure depends on which seeds were grouped."""
@@ -14,16 +14,16 @@ import random
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
-from lmforge.experiments.runner import LOG_FILE, Arm, ArmResult
+from lmforge.experiments.arms import LOG_FILE, Arm, ArmResult, of_stage
 from lmforge.experiments.spec import EnsembleSpec, Experiment
 from lmforge.files import loads_json, write_atomic
-from lmforge.train.finetune import PREDICTIONS
+from lmforge.finetune.run import PREDICTIONS
 
 
 def ensemble_results(exp: Experiment, results: list[ArmResult]) -> list[ArmResult]:
     """One result per ensemble, task and group of seeds whose member runs were part of this invocation: finished
     with its scores when every member finished, else failed with the reason (in its arm.log too)."""
-    runs = {(r.arm.info["task"], r.arm.info["arm"], r.arm.info["seed"]): r for r in results if r.arm.kind == "finetune"}
+    runs = {(r.arm.info["task"], r.arm.info["arm"], r.arm.info["seed"]): r for r in of_stage(results, "finetune")}
     out = []
     for ens in exp.ensembles:
         for task in (t.name for t in exp.tasks):
@@ -62,8 +62,8 @@ def spread(exp: Experiment, results: list[ArmResult], metric: str | None = None)
     of `size` of its arm's finished runs there; tasks with fewer runs than `size`, or without predictions, are left
     out."""
     runs: dict[tuple[str, str], list[Path]] = {}
-    for r in results:
-        if r.arm.kind == "finetune" and r.final is not None:
+    for r in of_stage(results, "finetune"):
+        if r.final is not None:
             runs.setdefault((r.arm.info["task"], r.arm.info["arm"]), []).append(Path(r.arm.run_dir))
     out = []
     for ens in exp.ensembles:

@@ -9,8 +9,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from lmforge.errors import LMForgeError
+from lmforge.experiments.arms import Arm
 from lmforge.experiments.plan import Plan, plan_experiment
-from lmforge.experiments.runner import Arm
 from lmforge.experiments.spec import Experiment, load_experiment
 from lmforge.experiments.tables import markdown_table, sci, si
 
@@ -59,11 +59,12 @@ def cmd_experiment(
     need), then write OUT/NAME.md, NAME.json and plots/ (results.py); print the table. Returns the JSON summary.
     Failed runs are reported after the table is written. `pretrain_procs` > 1: each pretraining run on that many
     processes (GPUs), one at a time."""
+    from lmforge.checkpoint.rundir import RunLock
+    from lmforge.experiments.arms import arm_command
     from lmforge.experiments.ensembles import ensemble_results
     from lmforge.experiments.results import summary_json, write_report
-    from lmforge.experiments.runner import arm_command, check_all_finished, run_arms, spread_pretraining
+    from lmforge.experiments.runner import check_all_finished, run_arms, spread_pretraining
     from lmforge.extras import check
-    from lmforge.train.rundir import RunLock
 
     exp = load_experiment(path, overrides, out)
     if dry_run:  # nothing written: the runs as they would run, before any shared tokenizer exists
@@ -74,10 +75,11 @@ def cmd_experiment(
                  sci(a.info["flops"]) if "flops" in a.info else "–"] for a in arms]  # fmt: skip
         print(f"{exp.name}: {len(arms)} runs in {exp.out}; pretraining budget: {budget_text(exp)}\n")
         print(markdown_table(["run", "kind", "after", "steps", "tokens", "FLOPs"], rows, "lllrrr"))
-        for kind in ("pretrain", "finetune", "eval"):
-            first = next((a for a in arms if a.kind == kind), None)
-            if first is not None:
-                print(shlex.join(arm_command(first)))  # pasteable: a template's spaces stay in one argument
+        firsts: dict[str, Arm] = {}  # each kind's first arm: pretrain, finetune, eval
+        for a in sorted(arms, key=lambda a: ("pretrain", "finetune", "eval").index(a.kind)):
+            firsts.setdefault(a.kind, a)
+        for first in firsts.values():
+            print(shlex.join(arm_command(first)))  # pasteable: a template's spaces stay in one argument
         for e in exp.ensembles:
             groups = " | ".join(map(str, exp.seed_groups(e)))
             print(f"ensemble {e.name}: {e.arm}'s fine-tunes of seeds {groups}, the "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LMForgeError
-from lmforge.experiments.runner import Arm, cli_args
+from lmforge.experiments.arms import Arm, cli_args
 from lmforge.experiments.spec import ArmSpec, Budget, Experiment, FinetuneTask
 
 
@@ -45,7 +45,7 @@ def plan_experiment(exp: Experiment, make_data: bool = True) -> Plan:
 
 
 def _resolve(recipe: str, overrides: dict[str, Any], what: str):
-    from lmforge.experiments.runner import resolve_config
+    from lmforge.experiments.arms import resolve_config
 
     try:
         return resolve_config(recipe, overrides)
@@ -239,10 +239,11 @@ def _preset_arch(name: str) -> str:
 
 
 def _path_arch(path: Path) -> str | None:
-    from lmforge.train import checkpoint as ckpt
+    from lmforge.checkpoint.read import read_config
+    from lmforge.checkpoint.verify import model_checkpoint
 
     try:
-        cfg = ckpt.read_config(ckpt.model_checkpoint(path))
+        cfg = read_config(model_checkpoint(path))
     except LMForgeError:
         return None  # e.g. a Hugging Face dir: only a single recipe fits it
     model = cfg.get("backbone") or cfg.get("model") or {}
@@ -268,7 +269,7 @@ def _check_eval_data(exp: Experiment) -> None:
     """One line, before any run starts, for a BLiMP evaluation whose minimal pairs its arms would not find: no
     data.dir (BLiMP is not bundled), or one that is not a directory of <paradigm>.jsonl files. Otherwise the
     pretraining would run to its end and each eval arm fail."""
-    from lmforge.data.blimp import paradigm_files
+    from lmforge.data.labelled.blimp import paradigm_files
     from lmforge.eval.zeroshot import load_prompt_config
 
     for e in exp.evals:

@@ -12,7 +12,7 @@ import numpy as np
 
 from lmforge.errors import LMForgeError
 from lmforge.experiments import scaling as S
-from lmforge.experiments.runner import ArmResult
+from lmforge.experiments.arms import ArmResult
 from lmforge.experiments.tables import markdown_table, sci, si, write_atomic, write_json
 
 SURFACE_KEYS = ("E", "A", "B", "alpha", "beta", "a", "b")

@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.experiments import claims
-from lmforge.experiments.runner import ArmResult
+from lmforge.experiments.arms import STAGES, VAL_LOSS, ArmResult, of_stage
 from lmforge.experiments.spec import Experiment
 from lmforge.experiments.tables import markdown_table, sci, si, write_atomic, write_json
-
-VAL_LOSS = "val loss"
 
 
 @dataclass
@@ -55,18 +53,17 @@ def build_rows(results: list[ArmResult]) -> tuple[list[Row], list[str]]:
         rank.setdefault(column, kind)
         row.cells.setdefault(column, []).append(value)
 
-    for r in (x for x in results if x.arm.kind == "finetune"):
+    for r in of_stage(results, "finetune"):
         i = r.arm.info
         shown = (i["init_arm"] or _short_init(i["init"])) + (f" → {i['via']}" if i.get("via") else "")
         row = rows.setdefault(i["arm"], Row(i["arm"], i["init_arm"], shown))
         seeds.setdefault(row.name, set()).add(i["seed"])
         if i["pretrain_run"]:
             sources.setdefault(row.name, set()).add(i["pretrain_run"])
-        for split in ("dev", "test") if r.final else ():
-            for k, v in (r.final.get(split) or {}).items():
-                add(row, f"{i['task']} {split} {k}", 100 * v, 2)
+        for column, value in STAGES["finetune"].cells(i, r.final) if r.final else ():
+            add(row, column, value, STAGES["finetune"].rank)
     used = {row.pretrained for row in rows.values()}
-    for r in (x for x in results if x.arm.kind == "pretrain" and x.arm.info["arm"] not in used):
+    for r in (x for x in of_stage(results, "pretrain") if x.arm.info["arm"] not in used):
         name = r.arm.info["arm"]
         key = name if name not in rows or rows[name].pretrained == name else f"{name} (pretraining)"
         rows.setdefault(key, Row(key, name))
@@ -76,12 +73,12 @@ def build_rows(results: list[ArmResult]) -> tuple[list[Row], list[str]]:
         row.seeds = len(seeds.get(row.name, ()))
         runs = sources.get(row.name, set())
         for name in sorted(runs & set(done)):
-            add(row, VAL_LOSS, done[name].final["val_loss"], 0)
-        for r in done.values():
-            if r.arm.kind == "eval" and r.arm.info["pretrain_run"] in runs:
-                for metrics in r.final.values():
-                    for k, v in metrics.items():
-                        add(row, f"{r.arm.info['eval']} {k}", 100 * v, 1)
+            for column, value in STAGES["pretrain"].cells(done[name].arm.info, done[name].final):
+                add(row, column, value, STAGES["pretrain"].rank)
+        for r in of_stage(done.values(), "eval"):
+            if r.arm.info["pretrain_run"] in runs:
+                for column, value in STAGES["eval"].cells(r.arm.info, r.final):
+                    add(row, column, value, STAGES["eval"].rank)
     columns = sorted(rank, key=lambda c: rank[c])  # stable: first-seen order within each kind
     return list(rows.values()), columns
 
@@ -150,8 +147,8 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
     if not extras.available("sklearn"):
         return []
     runs: dict[str, Path] = {}
-    for r in results:
-        if r.arm.kind == "finetune" and r.final is not None:
+    for r in of_stage(results, "finetune"):
+        if r.final is not None:
             runs.setdefault(r.arm.info["task"], Path(r.arm.run_dir))
     rows = {key: Row(name, None, seeds=1) for key, name in BASELINES.items()}
     sets = {task: splits for task, run_dir in runs.items() if (splits := _single_text_classes(run_dir)) is not None}
@@ -186,8 +183,8 @@ def pretrain_facts(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
     """Pretraining arm → its planned parameters, steps, tokens, FLOPs (and epochs) (the same for every seed); an arm
     that ended on `train.time_budget` before its planned steps: those of its first seed's run, as it ran."""
     out: dict[str, dict[str, Any]] = {}
-    for r in results:
-        if r.arm.kind == "pretrain" and r.arm.info["arm"] not in out:
+    for r in of_stage(results, "pretrain"):
+        if r.arm.info["arm"] not in out:
             info, step = r.arm.info, (r.final or {}).get("step")
             if isinstance(step, int) and 0 < step < info["steps"]:  # the clock ended it
                 scale = step / info["steps"]
@@ -306,7 +303,7 @@ def write_report(exp: Experiment, results: list[ArmResult], budget: str) -> list
         write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines, spreads)),
     ]
     x_kind = "flops" if exp.budget is not None and exp.budget.kind == "flops" else "tokens"
-    fig = loss_figure([r for r in results if r.arm.kind == "pretrain"], x_kind)
+    fig = loss_figure(of_stage(results, "pretrain"), x_kind)
     if fig is not None:
         paths.append(save_figure(fig, exp.out / "plots" / f"{exp.name}-loss.png"))
     rows, columns = build_rows(results)

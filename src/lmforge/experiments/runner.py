@@ -9,170 +9,21 @@ for it instead of failing the arm."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from lmforge.errors import LMForgeError
-from lmforge.files import append_text, loads_json
+from lmforge.experiments.arms import LOG_FILE, STAGES, Arm, ArmResult, arm_command, arm_final, has_checkpoint, summary
+from lmforge.files import append_text
 from lmforge.progress import status
 from lmforge.train.signals import LIFELINE_ENV, Stopped
-
-LOG_FILE = "arm.log"
-"""The arm's stdout and stderr, in its run dir."""
-EVAL_RESULTS = "results.json"
-"""An evaluation arm's results ({task: {metric: value}}), in its run dir."""
-ArmKind = Literal["pretrain", "finetune", "eval"]
-
-
-@dataclass
-class Arm:
-    """One run. pretrain: `lmforge pretrain RECIPE --run.dir=RUN_DIR OVERRIDES --train.max_steps=MAX_STEPS`;
-    finetune: `lmforge finetune RECIPE --init INIT --run.dir=RUN_DIR OVERRIDES`; eval: `lmforge eval INIT --task
-    TASK ... --out RUN_DIR/results.json OVERRIDES`."""
-
-    name: str
-    run_dir: Path
-    recipe: str
-    overrides: dict[str, Any]
-    """Dotted config keys → values, as on the command line (run.dir and train.max_steps excluded)."""
-    max_steps: int | None = None
-    """Pretraining steps (None for the other kinds)."""
-    info: dict[str, Any] = field(default_factory=dict)
-    """Anything the experiment records about the arm (size, tokens, parameter count), for its tables."""
-    kind: ArmKind = "pretrain"
-    init: str | None = None
-    """finetune: what `--init` starts from; eval: the model evaluated."""
-    tasks: list[str] = field(default_factory=list)
-    """eval: the `--task` recipes."""
-    after: list[str] = field(default_factory=list)
-    """Names of the arms whose runs this one needs; it starts once they have finished."""
-    procs: int = 1
-    """pretrain: processes it trains on (> 1: under torch.distributed.run, alone on the machine)."""
-
-
-@dataclass
-class ArmResult:
-    arm: Arm
-    state: str
-    """'skipped' (already finished), 'finished', or 'failed'."""
-    final: dict | None = None
-    """pretrain: the metrics.jsonl record holding val_loss at max_steps; finetune: {"dev": eval.json, "test":
-    eval_test.json or None}; eval: the results file."""
-    seconds: float = 0.0
-    error: str = ""
-
-
-def format_value(value: Any) -> str:
-    """A config value as the command line writes it (the command line parses values as YAML scalars)."""
-    import yaml
-
-    if isinstance(value, str):
-        try:
-            if value and yaml.safe_load(value) == value:
-                return value
-        except yaml.YAMLError:
-            pass
-    return json.dumps(value)
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """{'train': {'lr': 1}} → {'train.lr': 1}."""
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        out.update(flatten(v, key + ".") if isinstance(v, dict) else {key: v})
-    return out
-
-
-def cli_args(overrides: dict[str, Any]) -> list[str]:
-    """Dotted keys → values as command-line overrides (--train.lr=0.001)."""
-    return [f"--{k}={format_value(v)}" for k, v in overrides.items()]
-
-
-def resolve_config(recipe: str, overrides: dict[str, Any]):
-    """The validated pretraining Config an arm will run (bad keys and values fail here, before any run starts)."""
-    from lmforge.train.pretrain_config import load_config
-
-    return load_config(recipe, cli_args(overrides))
-
-
-def has_checkpoint(run_dir: Path) -> bool:
-    return any((Path(run_dir) / "checkpoints").glob("step_*"))
-
-
-def final_record(run_dir: Path, step: int) -> dict | None:
-    """The metrics.jsonl record with a val_loss at `step`, if the run got there."""
-    from lmforge.train.metrics import read_metrics
-
-    if not (Path(run_dir) / "metrics.jsonl").is_file():
-        return None
-    hits = [r for r in read_metrics(run_dir) if r.get("step") == step and r.get("val_loss") is not None]
-    return hits[-1] if hits else None
-
-
-def arm_final(arm: Arm) -> dict | None:
-    """The arm's results if it has finished (see `ArmResult.final`), else None."""
-    d = Path(arm.run_dir)
-    if arm.kind == "pretrain":
-        return final_record(d, int(arm.max_steps or 0)) or _clock_end(d)
-    if arm.kind == "finetune":
-        dev = _read_json(d / "eval.json")
-        return None if dev is None else {"dev": dev, "test": _read_json(d / "eval_test.json")}
-    return _read_json(d / EVAL_RESULTS)
-
-
-def _clock_end(run_dir: Path) -> dict | None:
-    """The final record of a run that ended on `train.time_budget` before `train.max_steps`: its newest checkpoint
-    is at the step its budget planned last. None for any other run (one stopped early resumes)."""
-    from lmforge.checkpoints import list_checkpoints
-    from lmforge.train.checkpoint import load_train_state
-
-    found = list_checkpoints(run_dir)
-    if not found:
-        return None
-    try:
-        state = load_train_state(found[-1])
-    except LMForgeError:
-        return None
-    budget, step = state.get("budget"), state.get("step")
-    if not isinstance(budget, dict) or budget.get("total") != step:
-        return None
-    return final_record(run_dir, int(step))
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = loads_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # missing, or half written by a killed process
-    return data if isinstance(data, dict) else None
-
-
-def arm_command(arm: Arm) -> list[str]:
-    """The command line of an arm; a pretraining or fine-tuning arm adds --resume once it has a checkpoint."""
-    base = [sys.executable, "-m", "lmforge.cli"]
-    over = cli_args(arm.overrides)
-    if arm.kind == "eval":
-        tasks = [x for t in arm.tasks for x in ("--task", t)]
-        return base + ["eval", str(arm.init), *tasks, "--out", str(Path(arm.run_dir) / EVAL_RESULTS), *over]
-    if arm.kind == "finetune":
-        cmd = base + ["finetune", arm.recipe, "--init", str(arm.init), f"--run.dir={arm.run_dir}", *over]
-    else:
-        cmd = base + ["pretrain", arm.recipe, f"--run.dir={arm.run_dir}", *over, f"--train.max_steps={arm.max_steps}"]
-        if arm.procs > 1:  # the same global batch, cut across the processes
-            launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={arm.procs}"]
-            cmd = [cmd[0], *launcher, *cmd[1:], f"--train.batch_size={arm.info['batch_size'] // arm.procs}"]
-    return cmd + (["--resume"] if has_checkpoint(arm.run_dir) else [])
 
 
 def failure_reason(log: Path, returncode: int) -> str:
@@ -230,7 +81,7 @@ class _Lifeline:
 def _in_use(arm: Arm, waiting: set[str]) -> bool:
     """Whether a live process still holds the arm's run dir (an arm of an earlier runner that was killed: it is
     stopping, or finishing on its own); said once per arm. The arm starts once the dir is free."""
-    from lmforge.train.rundir import lock_holder
+    from lmforge.checkpoint.rundir import lock_holder
 
     holder = lock_holder(arm.run_dir)
     if holder is None:
@@ -328,7 +179,7 @@ def spread_pretraining(arms: list[Arm], procs: int, devices: list[str] | None) -
     if procs > 1 and devices and len(devices) < procs:
         raise LMForgeError(f"--pretrain-procs {procs} needs as many --devices, got {len(devices)}: {','.join(devices)}")
     for arm in arms:
-        if arm.kind == "pretrain" and procs > 1:
+        if STAGES[arm.kind].spreads and procs > 1:
             if arm.info["batch_size"] % procs:
                 raise LMForgeError(f"{arm.name}: train.batch_size {arm.info['batch_size']} (the global batch) does not "
                                    f"divide into --pretrain-procs {procs} processes")  # fmt: skip
@@ -391,20 +242,11 @@ def _finish(arm: Arm, returncode: int, seconds: float) -> ArmResult:
         status(f"{arm.name}: failed after {seconds:.0f} s: {error}")
         return ArmResult(arm, "failed", None, seconds, error)
     status(f"{arm.name}: {summary(arm, final)} after {seconds:.0f} s")
-    if arm.kind == "finetune":  # its results and best/ stay; a grid of fine-tunes would fill the disk otherwise
-        from lmforge.train.checkpoint import CHECKPOINTS_DIR
+    if STAGES[arm.kind].drops_checkpoints:
+        from lmforge.checkpoint.layout import CHECKPOINTS_DIR
 
         shutil.rmtree(arm.run_dir / CHECKPOINTS_DIR, ignore_errors=True)
     return ArmResult(arm, "finished", final, seconds)
-
-
-def summary(arm: Arm, final: dict) -> str:
-    """A finished arm's headline numbers, e.g. 'val_loss 3.2100' or 'dev accuracy 0.7810'."""
-    if arm.kind == "pretrain":
-        return f"val_loss {final['val_loss']:.4f}"
-    if arm.kind == "finetune":
-        return "dev " + ", ".join(f"{k} {v:.4f}" for k, v in final["dev"].items())
-    return "; ".join(f"{t}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()) for t, m in final.items())
 
 
 def check_all_finished(results: list[ArmResult]) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LMForgeError, did_you_mean
+from lmforge.experiments.arms import flatten
 from lmforge.experiments.claims import Claim, parse_claims
-from lmforge.experiments.runner import flatten
 
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval", "claims")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LMForgeError, did_you_mean
-from lmforge.experiments.runner import Arm, flatten, resolve_config
+from lmforge.experiments.arms import Arm, flatten, resolve_config
 from lmforge.experiments.spec import check_name
 from lmforge.progress import status
 
@@ -198,10 +198,10 @@ def cmd_scaling(
 ) -> dict[str, Any]:
     """Run (or, dry_run, list) a sweep's unfinished arms, fit, and write OUT/scaling.md, scaling.json and
     plots/scaling.png. Returns the analysis."""
-    from lmforge.experiments.runner import arm_command
+    from lmforge.checkpoint.rundir import RunLock
+    from lmforge.experiments.arms import arm_command
     from lmforge.experiments.tables import markdown_table, si
     from lmforge.extras import check
-    from lmforge.train.rundir import RunLock
 
     sweep = load_sweep(path, overrides, out)
     if dry_run:  # nothing written: arms as they would run, before the shared tokenizer exists

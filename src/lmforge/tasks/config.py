@@ -16,8 +16,8 @@ from lmforge.adapt.finetune import PeftSection, build_peft_section, peft_section
 from lmforge.adapt.peft import peft_lr
 from lmforge.config import RECIPES_DIR, all_keys, build_dataclass, parse_overrides, recipe_dict, write_yaml
 from lmforge.config.core import get_key, has_key
-from lmforge.config.sections import InitModel, LoopConfig, OptimConfig, RunConfig
-from lmforge.config.types import Fraction, NonNegFloat, NonNegInt, OpenFraction, PosInt
+from lmforge.config.sections import InitModel, LoopConfig, OptimConfig, RunConfig, optim_defaults
+from lmforge.config.types import NonNegInt, OpenFraction, PosInt
 from lmforge.errors import LMForgeError
 from lmforge.progress import status
 
@@ -92,8 +92,11 @@ class FtDataConfig:
 
 
 @dataclass
+@optim_defaults(lr=6.25e-5, schedule="linear", min_lr_ratio=0.0, warmup_ratio=0.002, weight_decay=0.01, beta2=0.999)
 class FtTrainConfig(LoopConfig, OptimConfig):
-    """The fine-tuning loop and its optimizer: AdamW, linear warmup then linear decay to 0 (GPT-1 §4.1, BERT §4)."""
+    """The fine-tuning loop and its optimizer: AdamW, linear warmup then linear decay to 0 (GPT-1 §4.1, BERT §4).
+    Learning rate GPT-1's 6.25e-5 (BERT §4: one of 5e-5, 3e-5, 2e-5); warmup over GPT-1's 0.2% of the steps
+    (BERT: 10%)."""
 
     epochs: PosInt = 3
     max_steps: PosInt | None = None
@@ -104,14 +107,6 @@ class FtTrainConfig(LoopConfig, OptimConfig):
     ignored when max_steps is set."""
     batch_size: PosInt = 32
     eval_batch_size: PosInt = 64
-    lr: NonNegFloat = 6.25e-5
-    """GPT-1 §4.1: 6.25e-5; BERT §4: one of 5e-5, 3e-5, 2e-5."""
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
-    min_lr_ratio: Fraction = 0.0
-    warmup_ratio: Fraction | None = 0.002
-    """Linear warmup over this fraction of the steps (GPT-1: 0.2%; BERT: 10%), then linear decay to 0."""
-    weight_decay: NonNegFloat = 0.01
-    beta2: OpenFraction = 0.999
     eval_every: PosInt | None = None
     """Evaluate on dev every N steps as well as after each epoch (None = after each epoch only)."""
     save_every: PosInt | None = None
@@ -135,7 +130,7 @@ class FinetuneConfig:
 
 def build_task_section(raw: dict | None) -> TaskSection:
     """`type` picks the task; every other key is validated against that task type's Options dataclass."""
-    from lmforge.tasks import TASKS
+    from lmforge.registry import TASKS  # filled by this package's __init__, which runs before this module
 
     if raw is None:
         raw = {}
@@ -191,7 +186,7 @@ def load_finetune_config(
 
 def _without_stale_task_keys(task: dict, recipe_task: dict, override_task: dict) -> dict:
     """`task` less the recipe's keys that the overriding task type has no option for (warned about, one line)."""
-    from lmforge.tasks import TASKS
+    from lmforge.registry import TASKS  # filled by this package's __init__, which runs before this module
 
     old, new = str(recipe_task.get("type", TaskSection.type)), str(override_task["type"])
     if old == new or new not in TASKS:

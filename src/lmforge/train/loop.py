@@ -19,21 +19,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmforge.checkpoint.layout import BEST_DIR, CHECKPOINTS_DIR, TRAIN_STATE_FILE, is_sharded
+from lmforge.checkpoint.read import load_weights
+from lmforge.checkpoint.rng import capture_rng_state, restore_rng_state
+from lmforge.checkpoint.train_state import load_train_state
+from lmforge.checkpoint.write import save_checkpoint, write_checkpoint_dir
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
-from lmforge.train import checkpoint as ckpt
 from lmforge.train import parallel
 from lmforge.train.budget import TimeBudget
 from lmforge.train.callbacks import Callbacks
+from lmforge.train.device import autocast_for
 from lmforge.train.distributed import DistInfo, barrier, broadcast_object
 from lmforge.train.health import Health, probe
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.metrics import BackgroundPlot, MetricsLogger, Progress, Throughput, plot_metrics
 from lmforge.train.optim import Schedule, build_optimizer
 from lmforge.train.prefetch import Batch, BatchSource, Prefetcher
-from lmforge.train.rng_state import capture_rng_state, restore_rng_state
-from lmforge.train.setup import autocast_for
 from lmforge.train.signals import Stopped, StopRequest
 
 
@@ -102,7 +105,7 @@ class Loop:
         self.cuda_graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
         self.sharded = None
         if parallel.is_sharded(model):
-            from lmforge.train.dcp import ShardedCheckpoints  # torch.distributed.checkpoint: seconds to import
+            from lmforge.checkpoint.sharded import ShardedCheckpoints
 
             self.sharded = ShardedCheckpoints(dist, cfg.async_save)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -145,20 +148,20 @@ class Loop:
 
     def restore(self, path: Path, on_rank: Callable[[int], None] | None = None) -> None:
         """Continue from checkpoint `path`: weights, optimizer, schedule, data position, RNG and step."""
-        state = ckpt.load_train_state(path)
+        state = load_train_state(path)
         # The run's config sets every hyper-parameter (a resumed run's --train.lr, betas, weight decay apply
         # from here on); the checkpoint gives the optimizer's state and the step.
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        if ckpt.is_sharded(path):  # any world size, any parallelism
-            from lmforge.train.dcp import load_sharded
+        if is_sharded(path):  # any world size, any parallelism
+            from lmforge.checkpoint.sharded import load_sharded
 
             load_sharded(path, self.raw, self.optimizer, self.spec.saved().weights, state)
         elif self.sharded is not None:
             raise LMForgeError(f"checkpoint {path} was saved by a train.parallel=ddp run: resume it with ddp")
         else:
-            ckpt.load_weights(path, self.spec.saved().weights)
+            load_weights(path, self.spec.saved().weights)
         try:
-            if not ckpt.is_sharded(path):
+            if not is_sharded(path):
                 self.optimizer.load_state_dict(state["optimizer"])
             for group, hyper in zip(self.optimizer.param_groups, fresh):
                 group.update(hyper)
@@ -173,7 +176,7 @@ class Loop:
             self.best = tuple(state["best"]) if state.get("best") else None
             self.health.restore(state, self.step)
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            where = path / ckpt.TRAIN_STATE_FILE
+            where = path / TRAIN_STATE_FILE
             raise LMForgeError(f"{where} does not match this run: {type(e).__name__}: {e}") from e
         if self.dist.rank < len(rngs):
             restore_rng_state(rngs[self.dist.rank])
@@ -330,7 +333,7 @@ class Loop:
         weights = parallel.full_state_dict(saved.weights) if self.sharded is not None else saved.weights
         if self.dist.is_main:
             config = {**saved.config, "dev": metrics, "step": self.step}
-            ckpt.write_checkpoint_dir(self.run_dir / ckpt.BEST_DIR, weights, config=config,
+            write_checkpoint_dir(self.run_dir / BEST_DIR, weights, config=config,
                                       tokenizer=saved.tokenizer, step=self.step)  # fmt: skip
 
     def save(self) -> None:
@@ -354,7 +357,7 @@ class Loop:
             return
         if self.dist.is_main:
             saved = self.spec.saved()
-            ckpt.save_checkpoint(
+            save_checkpoint(
                 self.run_dir, self.step, saved.weights, config=saved.config, tokenizer=saved.tokenizer,
                 train_state=state, keep_last=self.cfg.keep_last, protect=protect,
                 on_partial=lambda: self.callbacks.fire("checkpoint", self.step),
@@ -431,7 +434,7 @@ class Loop:
                     if signum:
                         raise Stopped(
                             f"stopped by {stop.name} at step {self.step}: checkpoint saved in "
-                            f"{self.run_dir / ckpt.CHECKPOINTS_DIR / f'step_{self.step}'}; continue with "
+                            f"{self.run_dir / CHECKPOINTS_DIR / f'step_{self.step}'}; continue with "
                             f"{s.resume_hint or '--resume'}", signum,
                         )  # fmt: skip
                     if self.done_early:

@@ -21,18 +21,20 @@ from typing import Literal
 import torch
 from torch import nn
 
+from lmforge.checkpoint.layout import BEST_DIR, CHECKPOINTS_DIR
+from lmforge.checkpoint.resume import FROZEN_ON_RESUME, resume_checkpoint
+from lmforge.checkpoint.rundir import RunLock
+from lmforge.checkpoint.write import save_run_config
 from lmforge.config.sections import LoopConfig
+from lmforge.errors import LMForgeError
 from lmforge.files import refuse_link
-from lmforge.train import checkpoint as ckpt
 from lmforge.train.callbacks import Callbacks
-from lmforge.train.distributed import DistInfo, check_shared_dir, cleanup, init_distributed, rank_seed
+from lmforge.train.device import pick_device, seed_everything
+from lmforge.train.distributed import DistInfo, broadcast_object, check_shared_dir, cleanup, init_distributed, rank_seed
 from lmforge.train.loop import Loop
 from lmforge.train.loop_spec import LoopSpec
 from lmforge.train.metrics import MetricsLogger
 from lmforge.train.prefetch import BatchSource
-from lmforge.train.resume import FROZEN_ON_RESUME, resume_checkpoint
-from lmforge.train.rundir import lock_run_dir
-from lmforge.train.setup import pick_device, seed_everything
 from lmforge.train.sinks import check_sinks
 
 
@@ -58,7 +60,7 @@ class RunSession:
         self.log: MetricsLogger | None = None
         with self.closed_on_error():
             check_shared_dir(self.dir, self.dist)  # every rank reads what rank 0 writes there, resumes included
-            for own in (ckpt.CHECKPOINTS_DIR, ckpt.BEST_DIR):  # before any work, not at the first save
+            for own in (CHECKPOINTS_DIR, BEST_DIR):  # before any work, not at the first save
                 refuse_link(self.dir / own)
             seed_everything(rank_seed(seed, self.dist.rank) if rank_seeds else seed)
 
@@ -90,7 +92,7 @@ class RunSession:
             self.log = MetricsLogger(self.dir, loop.step, cfg.log_to, config)
             loop.log = self.log
             if save_config is None:
-                ckpt.save_run_config(self.dir, config)
+                save_run_config(self.dir, config)
             elif save_config is not False:
                 save_config()
         return loop
@@ -118,3 +120,18 @@ class RunSession:
             yield
         finally:
             self.close()
+
+
+def lock_run_dir(run_dir: Path, dist: DistInfo) -> RunLock:
+    """Rank 0 takes the run dir's lock; every rank raises the same one line when it cannot."""
+    lock = RunLock(run_dir)
+    error = None
+    if dist.is_main:
+        try:
+            lock.acquire()
+        except LMForgeError as e:
+            error = str(e)
+    error = broadcast_object(error, dist)
+    if error:
+        raise LMForgeError(error)
+    return lock

@@ -1,4 +1,5 @@
-"""Everything a run needs before its first step: device, precision, tokenizer and prepared token shards."""
+"""What a pretraining run needs before its first step: its inputs checked, its tokenizer and its prepared token
+shards, and the lines it says about the model and the warmup."""
 
 from __future__ import annotations
 
@@ -6,44 +7,13 @@ import json
 import os
 import shutil
 import sys
-from contextlib import nullcontext
 from pathlib import Path
-
-import torch
 
 from lmforge.errors import LMForgeError
 from lmforge.files import refuse_link, write_atomic
+from lmforge.pretrain.config import Config
 from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 from lmforge.train.distributed import DistInfo, barrier
-from lmforge.train.pretrain_config import Config
-
-
-def pick_device(spec: str, dist: DistInfo, key: str = "train.device") -> torch.device:
-    """The torch device `spec` names (`key`: its config key, for the error lines)."""
-    if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", dist.local_rank)
-        return torch.device("cpu")
-    try:
-        dev = torch.device(spec)
-    except RuntimeError:
-        raise LMForgeError(f"{key}: unknown device '{spec}'") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LMForgeError(f"{key}=cuda but no CUDA GPU is available")
-    if dev.type == "cuda" and dev.index is None:  # each rank's own GPU under torchrun (set_device needs an index)
-        dev = torch.device("cuda", dist.local_rank)
-    return dev
-
-
-def autocast_for(device: torch.device, precision: str):
-    """bf16 autocast on GPUs that support it (precision=auto|bf16), plain fp32 otherwise."""
-    if precision == "fp32":
-        return nullcontext()
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def _input_paths(cfg: Config) -> list | None:
@@ -51,8 +21,8 @@ def _input_paths(cfg: Config) -> list | None:
     as given (they are checked when read)."""
     if not cfg.data.inputs:
         return None
+    from lmforge.data.corpus.readers import input_path
     from lmforge.data.hf_datasets import HF_PREFIX, is_dataset
-    from lmforge.data.readers import input_path
 
     paths = [p if is_dataset(p) or str(p).startswith(HF_PREFIX) else input_path(p) for p in cfg.data.inputs]
     for p in paths:
@@ -76,26 +46,15 @@ class _Documents:
         self.paths, self.text_field = paths, text_field
 
     def __iter__(self):
-        from lmforge.data import read_documents
+        from lmforge.data.corpus.readers import read_documents
 
         return read_documents(self.paths, self.text_field)
 
 
 def _training_texts(paths: list | None, text_field: str = "text"):
-    from lmforge.data import load_default_corpus
+    from lmforge.data.corpus.bundled import load_default_corpus
 
     return load_default_corpus() if paths is None else _Documents(paths, text_field)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def model_summary(cfg: Config, n: int) -> str:
@@ -125,14 +84,14 @@ def warmup_note(cfg: Config) -> str | None:
 def apply_init(cfg: Config) -> Path | None:
     """run.init's checkpoint, its tokenizer put into cfg unless data.tokenizer is set. The model config is the
     one `load_config` resolved: run.init's own, with the model.* keys the user gave on top."""
-    from lmforge.train import checkpoint as ckpt
+    from lmforge.checkpoint.verify import model_checkpoint
 
     if not cfg.run.init:
         return None
     path = Path(cfg.run.init)
     if not path.exists():
         raise LMForgeError(f"run.init: {path} does not exist")
-    c = ckpt.model_checkpoint(path)
+    c = model_checkpoint(path)
     if not cfg.data.tokenizer:
         if not (c / "tokenizer.json").is_file():
             raise LMForgeError(f"run.init: {c} holds no tokenizer.json; pass --data.tokenizer")
@@ -229,9 +188,9 @@ def _save_atomically(tokenizer, directory: Path, recipe: dict) -> None:
 def prepare_data(cfg: Config, run_dir: Path, tokenizer, dist: DistInfo) -> Path:
     """Token shards for the run: data.prepared if given, else prepared once into RUN/data (rank 0), again when an
     earlier attempt prepared them with other settings or another tokenizer."""
-    from lmforge.data import prepare, prepared_cache
-    from lmforge.data.loader import check_token_ids, read_meta
-    from lmforge.data.prepare import tokenizer_fingerprint
+    from lmforge.data.corpus import prepared_cache
+    from lmforge.data.corpus.loader import check_token_ids, read_meta
+    from lmforge.data.corpus.prepare import prepare, tokenizer_fingerprint
     from lmforge.progress import status
 
     prepared_here = False

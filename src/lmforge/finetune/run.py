@@ -19,7 +19,9 @@ import torch
 
 from lmforge.adapt.adamix import with_consistency
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
-from lmforge.data.examples import Dataset, example_texts
+from lmforge.checkpoint.read import load_weights
+from lmforge.checkpoint.verify import model_checkpoint
+from lmforge.data.labelled.examples import Dataset, example_texts
 from lmforge.errors import LMForgeError
 from lmforge.files import write_atomic
 from lmforge.loading import load_backbone
@@ -31,7 +33,6 @@ from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.mixing import MixtureSampler
 from lmforge.tasks.model import set_dropout
 from lmforge.tasks.multi_task import load_task_splits, train_sampler
-from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, barrier, rank_seed
 from lmforge.train.gradual_prune import finetuning_callbacks
 from lmforge.train.loop_spec import LoopSpec, Saved, Selection
@@ -177,7 +178,7 @@ class FineTuner:
         return Saved(self.weights, config, self.tokenizer)
 
     def evaluate(self, split: str = "dev") -> dict[str, float]:
-        from lmforge.train.setup import autocast_for
+        from lmforge.train.device import autocast_for
 
         with autocast_for(self.device, self.cfg.train.precision):
             return self.task.evaluate(self.model, self.splits[split], self.cfg.train.eval_batch_size)
@@ -185,7 +186,7 @@ class FineTuner:
     def label_probabilities(self, split: str) -> dict:
         """`split`'s example ids, gold label indices and each example's probability of each label, in one pass of the
         model (a task that chooses a label)."""
-        from lmforge.train.setup import autocast_for
+        from lmforge.train.device import autocast_for
 
         ds = self.splits[split]
         with autocast_for(self.device, self.cfg.train.precision):
@@ -234,7 +235,7 @@ class FineTuner:
         chooses a label is scored from one pass a split that also gives predictions.json (written first)."""
         from lmforge.tasks.scoring import score
 
-        ckpt.load_weights(ckpt.model_checkpoint(self.run_dir), self.weights)
+        load_weights(model_checkpoint(self.run_dir), self.weights)
         test = self.splits.get("test")
         splits = ["dev"] + (["test"] if test is not None and _labelled(test) else [])
         # The best checkpoint's dev pass during training, when this process ran it, is its dev score.

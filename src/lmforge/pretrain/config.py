@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from lmforge.checkpoints import model_checkpoint, read_config
+from lmforge.checkpoint.read import read_config
+from lmforge.checkpoint.verify import model_checkpoint
 from lmforge.config import (
     all_keys,
     build_dataclass,
@@ -196,7 +197,7 @@ def fit_to_model(cfg: Config, recipe: dict, user: dict) -> None:
     m, d, t = cfg.model, cfg.data, cfg.train
     user_model_vocab = has_key(user, "model.vocab_size")
     if d.prepared and not d.tokenizer and not cfg.run.init:  # the tokenizer `data prepare` recorded (run.init: its own)
-        from lmforge.data.prepare import prepared_tokenizer
+        from lmforge.data.corpus.prepare import prepared_tokenizer
 
         d.tokenizer = prepared_tokenizer(d.prepared)
         notes.append(f"data.tokenizer {d.tokenizer} (what {d.prepared} was prepared with)")

@@ -12,24 +12,13 @@ from pathlib import Path
 
 import torch
 
-from lmforge.checkpoints import EXPORT_MODULES
-from lmforge.data.loader import take_rows
+from lmforge.checkpoint.read import EXPORT_MODULES, load_weights
+from lmforge.data.corpus.loader import take_rows
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
-from lmforge.progress import status
-from lmforge.train import checkpoint as ckpt
-from lmforge.train.callbacks import Callbacks
-from lmforge.train.distributed import DistInfo, rank_seed, sums_across
-from lmforge.train.gradual_prune import check_prune_config, pretraining_callbacks
-from lmforge.train.loop_spec import LoopSpec, Saved
-from lmforge.train.memory import available_memory, check_model_fits
-from lmforge.train.metrics import peak_flops
-from lmforge.train.prefetch import Batch
-from lmforge.train.pretrain_config import Config, to_dict
-from lmforge.train.seq_len_schedule import DrawLengths, check_schedule, cut_windows, stage_lengths
-from lmforge.train.session import RunSession
-from lmforge.train.setup import (
+from lmforge.pretrain.config import Config, to_dict
+from lmforge.pretrain.setup import (
     apply_init,
     check_inputs,
     check_vocab,
@@ -38,6 +27,16 @@ from lmforge.train.setup import (
     prepare_data,
     warmup_note,
 )
+from lmforge.progress import status
+from lmforge.train.callbacks import Callbacks
+from lmforge.train.distributed import DistInfo, rank_seed, sums_across
+from lmforge.train.gradual_prune import check_prune_config, pretraining_callbacks
+from lmforge.train.loop_spec import LoopSpec, Saved
+from lmforge.train.memory import available_memory, check_model_fits
+from lmforge.train.metrics import peak_flops
+from lmforge.train.prefetch import Batch
+from lmforge.train.seq_len_schedule import DrawLengths, check_schedule, cut_windows, stage_lengths
+from lmforge.train.session import RunSession
 
 
 class ObjectiveBatches:
@@ -114,7 +113,7 @@ class Pretraining:
             net = self.raw_model.get_submodule(EXPORT_MODULES.get(cfg.objective.name, ""))  # ELECTRA: discriminator
             status(model_summary(cfg, net.num_params()))
         if self.init_from is not None and self.resume_from is None:  # a resumed run's checkpoint is newer
-            ckpt.load_weights(self.init_from, self.raw_model)
+            load_weights(self.init_from, self.raw_model)
             if d.is_main:
                 status(f"initialised from {self.init_from}")
         loader = self.objective.make_loader(self.data_dir, "train", rank=d.rank, world_size=d.world_size)
@@ -136,7 +135,13 @@ class Pretraining:
             stop_when=(lambda m: m["val_loss"] <= t.target_loss) if t.target_loss is not None else None,
             worker_batches=lengths is None or t.time_budget is None,
         )
-        reseed = lambda step: torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank))  # noqa: E731
+
+        def reseed(step: int) -> None:
+            """A rank the resumed checkpoint did not have: its own streams, not a copy of the last saved rank's
+            (the batch source's generator included; its prefetch starts after this)."""
+            torch.manual_seed(rank_seed(cfg.run.seed + step, d.rank))
+            batches.generator.manual_seed(rank_seed(cfg.run.seed + step, d.rank) + 0x0B1E)
+
         # prune.during_pretraining: masks recomputed on Gordon et al.'s schedule after each optimizer step.
         callbacks, self.pruner = pretraining_callbacks(cfg.prune, self.raw_model, t, callbacks, lambda: self.loop.total)
         self.loop = self.session.start(
