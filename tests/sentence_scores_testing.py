@@ -6,9 +6,9 @@ from pathlib import Path
 import tasks_testing as T
 import torch
 
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.models import get_preset
 from lmforge.objectives.electra import ElectraModel, generator_config
-from lmforge.train.checkpoint import save_checkpoint
 
 
 def logp(logits: torch.Tensor, token: int) -> float:

@@ -1,5 +1,5 @@
 """The fine-tuning glue: the `peft` recipe section, and adapter-only checkpoints of a real task model (GPT task
-tokens included) written and read by train/checkpoint.py."""
+tokens included) written and read by lmforge/checkpoint/."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from safetensors import safe_open
 
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section, build_peft_section, peft_section_to_dict
 from lmforge.adapt.lora import LoRAOptions
+from lmforge.checkpoint.layout import WEIGHTS_FILE
+from lmforge.checkpoint.read import load_weights
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.config import parse_overrides
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.inputs import GPT_TOKENS, collate
-from lmforge.train import checkpoint as ckpt
 
 
 def test_peft_section_from_cli_overrides_and_back():
@@ -60,8 +62,8 @@ def test_adapter_only_checkpoint_of_a_task_model_reloads_exactly(tmp_path):
     model.eval()
     with torch.no_grad():
         expected = model(batch).logits
-    path = ckpt.save_checkpoint(tmp_path, 3, AdapterWeights(model, rows), config={"peft": {"method": "lora"}})
-    with safe_open(str(path / ckpt.WEIGHTS_FILE), "pt") as f:
+    path = save_checkpoint(tmp_path, 3, AdapterWeights(model, rows), config={"peft": {"method": "lora"}})
+    with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
         keys = set(f.keys())
     lora = {f"{s}.lora_{x}" for s in info.sites for x in "AB"}
     assert keys == lora | {"head.out.weight", "head.out.bias", "backbone.tok_emb.weight.rows"}
@@ -69,11 +71,11 @@ def test_adapter_only_checkpoint_of_a_task_model_reloads_exactly(tmp_path):
     _, fresh, _ = _task_model(seed=7)  # other task-token rows and head until the checkpoint is loaded
     apply_peft_section(fresh, build_peft_section({"method": "lora", "rank": 4}))
     assert not torch.equal(fresh.backbone.tok_emb.weight[rows], model.backbone.tok_emb.weight[rows])
-    ckpt.load_weights(path, AdapterWeights(fresh, rows))
+    load_weights(path, AdapterWeights(fresh, rows))
     with torch.no_grad():
         assert torch.equal(fresh(batch).logits, expected)
     with pytest.raises(LMForgeError, match=r"unexpected key 'backbone.tok_emb.weight.rows'"):
-        ckpt.load_weights(path, AdapterWeights(fresh))  # the rows are part of the adapter
+        load_weights(path, AdapterWeights(fresh))  # the rows are part of the adapter
 
 
 def test_full_fine_tuning_section_leaves_the_model_alone():

@@ -17,24 +17,17 @@ import yaml
 from safetensors import safe_open
 from torch import nn
 
-from lmforge import checkpoint_write
+from lmforge.checkpoint import train_state as train_state_module
+from lmforge.checkpoint import write as checkpoint_write
+from lmforge.checkpoint.layout import TRAIN_STATE_FILE, WEIGHTS_FILE, list_checkpoints
+from lmforge.checkpoint.read import load_weights, read_config, read_weights
+from lmforge.checkpoint.rng import capture_rng_state, restore_rng_state
+from lmforge.checkpoint.train_state import load_train_state
+from lmforge.checkpoint.verify import latest_checkpoint, verify_checkpoint
+from lmforge.checkpoint.write import save_checkpoint, save_run_config
 from lmforge.errors import LMForgeError
 from lmforge.files import hash_file
 from lmforge.models.wrappers import unwrap_model
-from lmforge.train import checkpoint as ck
-from lmforge.train.checkpoint import (
-    WEIGHTS_FILE,
-    latest_checkpoint,
-    list_checkpoints,
-    load_train_state,
-    load_weights,
-    read_config,
-    read_weights,
-    save_checkpoint,
-    save_run_config,
-    verify_checkpoint,
-)
-from lmforge.train.rng_state import capture_rng_state, restore_rng_state
 
 CONFIG = {"model": {"d_model": 16, "n_layers": 1}, "train": {"lr": 3e-4}}
 
@@ -327,7 +320,7 @@ class _FullFile:
 
 
 def _open_on_a_full_disk(path, mode="r", **kwargs):
-    return _FullFile(path, mode) if Path(path).name == ck.TRAIN_STATE_FILE else open(path, mode, **kwargs)
+    return _FullFile(path, mode) if Path(path).name == TRAIN_STATE_FILE else open(path, mode, **kwargs)
 
 
 @pytest.mark.parametrize("target", ["save_file", "torch_save", "fsync", "torch_zip_writer", "rust_library"])
@@ -344,11 +337,11 @@ def test_disk_full_keeps_earlier_checkpoints(tmp_path, monkeypatch, target):
     if target == "save_file":
         monkeypatch.setattr(checkpoint_write, "save_file", half_written_weights)
     elif target == "torch_save":
-        monkeypatch.setattr(ck.torch, "save", full)
+        monkeypatch.setattr(torch, "save", full)
     elif target == "fsync":
-        monkeypatch.setattr(ck.os, "fsync", full)
+        monkeypatch.setattr(os, "fsync", full)
     elif target == "torch_zip_writer":  # the real torch.save on a file that fills up: its RuntimeError
-        monkeypatch.setattr(ck, "open", _open_on_a_full_disk, raising=False)
+        monkeypatch.setattr(train_state_module, "open", _open_on_a_full_disk, raising=False)
     else:  # tokenizers and safetensors (Rust) put the errno in their message
         rust_error = Exception("write (os error 28)")
         monkeypatch.setattr(checkpoint_write, "_write_yaml", lambda *a: (_ for _ in ()).throw(rust_error))

@@ -13,14 +13,14 @@ import tasks_testing as T
 import torch
 from sentence_scores_testing import electra_run, logp, pll_by_hand
 
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.cli import main
-from lmforge.data.blimp import read_minimal_pairs
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.blimp import read_minimal_pairs
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.minimal_pairs import MinimalPairs, MinimalPairsOptions, accuracies
 from lmforge.eval.sentence_scores import PseudoLogLikelihood, SentenceScore, sentence_scorer
 from lmforge.loading import load
-from lmforge.train.checkpoint import save_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "blimp"
 SENTENCES = ["The king admired himself.", "These windows is open.", T.TEXTS[1][:150], "A boy hurt herself."]

@@ -14,10 +14,10 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.eval.harness import TASKS_DIR
 from lmforge.eval.lm import LM
-from lmforge.train.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = TASKS_DIR  # shipped in the package (lmforge/eval/harness_tasks): found from any directory

@@ -10,10 +10,10 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.eval.text import score_text
-from lmforge.train.checkpoint import save_checkpoint
 
 CONTEXT = 16
 

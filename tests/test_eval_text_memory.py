@@ -9,12 +9,12 @@ import pytest
 import tasks_testing as T
 import torch
 
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.eval.memory_lm import memory_flags, score_documents_with_memory
 from lmforge.eval.text import score_text
-from lmforge.train.checkpoint import save_checkpoint
 
 DOCS = [T.TEXTS[2], T.TEXTS[0][:300], T.TEXTS[1]]
 

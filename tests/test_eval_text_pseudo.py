@@ -10,11 +10,11 @@ import tasks_testing as T
 import torch
 from sentence_scores_testing import electra_run, pll_by_hand
 
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.cli import main
 from lmforge.eval.lm import LM
 from lmforge.eval.sentence_scores import PseudoLogLikelihood, SentenceScore
 from lmforge.eval.text import TextScore, score_text, score_text_pseudo
-from lmforge.train.checkpoint import save_checkpoint
 
 DOCS = ["Il était une fois.", T.TEXTS[0][:200]]
 

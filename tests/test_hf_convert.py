@@ -13,12 +13,12 @@ from safetensors.torch import load_file, save_file
 from tokenizer_corpus import AUSTEN, GETTYSBURG
 
 from lmforge.api import load
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.cli.convert import cmd_convert
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
 from lmforge.models.hf import export_hf, import_hf
 from lmforge.tokenizers import train_tokenizer
-from lmforge.train.checkpoint import save_checkpoint
 
 EXPORTABLE = {
     "gpt-tiny": "AutoModelForCausalLM",

@@ -42,7 +42,7 @@ import torch
 import transformers
 from torch import Tensor, nn
 
-from lmforge.checkpoints import upgrade_saved_model
+from lmforge.checkpoint.read import upgrade_saved_model
 from lmforge.models import Transformer, get_preset
 from lmforge.models.hf.base import converter_of
 from lmforge.models.init import token_embedding_std

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import lmforge
-from lmforge.checkpoints import upgrade_saved_model
+from lmforge.checkpoint.read import read_config, upgrade_saved_model
+from lmforge.checkpoint.write import write_checkpoint_dir
 from lmforge.models import Transformer, get_preset
 from lmforge.models.layers import Attention, AttnInputs
 from lmforge.models.positions import ShawRelativePosition
-from lmforge.train.checkpoint import read_config, write_checkpoint_dir
 
 V = 512
 

@@ -20,7 +20,8 @@ import pytest
 from process_testing import ENV as BASE_ENV
 from process_testing import free_port
 
-from lmforge.train import checkpoint as ck
+from lmforge.checkpoint.layout import MANIFEST_FILE, list_checkpoints
+from lmforge.checkpoint.verify import latest_checkpoint
 
 ENV = dict(BASE_ENV)
 if Path("/sys/class/net/lo").exists():  # gloo's sockets on the loopback, whatever the host name resolves to
@@ -100,7 +101,7 @@ def losses(run: Path) -> dict[int, float]:
 
 def stop_after(run: Path, step: int) -> None:
     """Make `run` what a run killed right after checkpoint `step` leaves: no later checkpoints, no later lines."""
-    for c in ck.list_checkpoints(run):
+    for c in list_checkpoints(run):
         if int(c.name.split("_")[1]) > step:
             shutil.rmtree(c)
     log = run / "metrics.jsonl"
@@ -121,10 +122,10 @@ def test_two_nodes_train_one_run_that_resumes_on_one_node(prepared, tmp_path):
     uninterrupted = losses(two)
     assert sorted(uninterrupted) == [1, 2, 3, 4, 5, 6]
     # Both nodes' ranks wrote their shards into the one run dir, and rank 0 published each checkpoint whole.
-    assert [c.name for c in ck.list_checkpoints(two)] == ["step_2", "step_4", "step_6"]
-    for c in ck.list_checkpoints(two):
+    assert [c.name for c in list_checkpoints(two)] == ["step_2", "step_4", "step_6"]
+    for c in list_checkpoints(two):
         assert sorted(p.name for p in (c / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-        manifest = json.loads((c / ck.MANIFEST_FILE).read_text())["files"]
+        manifest = json.loads((c / MANIFEST_FILE).read_text())["files"]
         assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(manifest)
     assert not [p.name for p in two.iterdir() if p.name.startswith(".shared-probe")]
 
@@ -142,7 +143,7 @@ def test_two_nodes_train_one_run_that_resumes_on_one_node(prepared, tmp_path):
     after = losses(resumed)
     assert sorted(after) == [1, 2, 3, 4, 5, 6]
     assert max(abs(after[s] - uninterrupted[s]) for s in range(1, 7)) < TOL, (after, uninterrupted)
-    assert (ck.latest_checkpoint(resumed) / "dcp" / "__0_0.distcp").is_file()
+    assert (latest_checkpoint(resumed) / "dcp" / "__0_0.distcp").is_file()
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ from encoder_testing import docs
 from training_testing import run_main
 
 from lmforge.api import load
-from lmforge.train import checkpoint as ckpt
+from lmforge.checkpoint.read import read_weights
+from lmforge.checkpoint.verify import latest_checkpoint
 
 TINY = ["--data.vocab_size=512", "--data.val_fraction=0.2", "--train.batch_size=16", "--train.seq_len=64"]
 TINY += ["--train.warmup_steps=3", "--train.lr=5e-3", "--train.log_every=1", "--train.eval_batches=4"]
@@ -67,14 +68,14 @@ def test_recipe_trains_on_cpu(recipe, preset, drop, corpus, tmp_path, run_cli):
     if recipe == "electra":  # `load` returns the discriminator, the generator's weights stay in the checkpoint
         model, tok = load(run)
         assert model.config.rtd_head and not model.config.lm_head and tok is not None
-        saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
+        saved = read_weights(latest_checkpoint(run))
         assert any(k.startswith("generator.") for k in saved)
         assert torch.equal(model.encoder.blocks[1].mlp.up.weight, saved["discriminator.encoder.blocks.1.mlp.up.weight"])
         ids = torch.tensor([tok.encode("It is a truth universally acknowledged.")])
         assert model(ids).rtd_logits.shape == ids.shape
     if recipe == "spanbert":  # `load` returns the encoder, the span-boundary head stays in the checkpoint
         model, _ = load(run)
-        saved = ckpt.read_weights(ckpt.latest_checkpoint(run))
+        saved = read_weights(latest_checkpoint(run))
         assert any(k.startswith("sbo.") for k in saved)
         assert {"mlm_acc", "mlm_loss", "sbo_loss"} <= set([r for r in rows if "loss" in r][-1])  # logged per step
         assert torch.equal(model.encoder.blocks[0].attn.qkv.weight, saved["backbone.encoder.blocks.0.attn.qkv.weight"])

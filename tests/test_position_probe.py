@@ -86,7 +86,7 @@ def test_linear_probe_on_known_data_and_bad_splits() -> None:
 
 
 def test_cmd_probe_on_a_checkpoint_and_a_preset(tmp_path, capsys) -> None:
-    from lmforge.train.checkpoint import save_checkpoint
+    from lmforge.checkpoint.write import save_checkpoint
 
     model = tiny(position="learned", max_seq_len=128)
     with torch.no_grad():

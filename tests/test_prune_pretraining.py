@@ -15,7 +15,8 @@ import torch
 from model_testing import tiny
 from training_testing import restore_torch_globals, run_main, write_docs
 
-from lmforge.checkpoints import model_checkpoint, read_weights
+from lmforge.checkpoint.read import read_weights
+from lmforge.checkpoint.verify import model_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.train.gradual_prune import (
     GradualPruner,

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge import checkpoint_write
+from lmforge.checkpoint import write as checkpoint_write
+from lmforge.checkpoint.verify import latest_checkpoint, verify_checkpoint
 from lmforge.cli import main
-from lmforge.data import load_default_corpus
+from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers import train_tokenizer
-from lmforge.train import checkpoint as ck
 
 TINY = ["--model.preset=gpt-tiny", "--train.batch_size=4", "--train.seq_len=32", "--train.warmup_steps=2"]
 TINY += ["--train.log_every=1", "--train.eval_every=100", "--sample.prompts=[]", "--train.eval_batches=2"]
@@ -126,7 +126,7 @@ def rewrite_manifest(ckpt: Path) -> None:
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(case, expected, prepared, tmp_path, capsys):
-    from lmforge.data.readers import READABLE
+    from lmforge.data.corpus.readers import READABLE
 
     tok, data = prepared
     (tmp_path / "empty.txt").write_text("")
@@ -191,7 +191,7 @@ def labelled_set(root: Path, train: list[tuple[str, str]]) -> Path:
 
 
 def test_label_outside_the_label_set_names_file_and_line(tmp_path, capsys):
-    from lmforge.data.labelled_readers import read_table
+    from lmforge.data.labelled.readers import read_table
 
     table = tmp_path / "reviews.csv"
     table.write_text("text,label\ngood film,positive\ndull,negative\nmeh,neutral\n")
@@ -299,7 +299,7 @@ def test_disk_full_while_saving_keeps_earlier_checkpoints(prepared, tmp_path, ca
     full = "No space left on device (the disk is full: free space there or write elsewhere)"
     assert last_error_line(capsys, *args) == f"error: could not save checkpoint step_4: {full}"
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_2"]  # no scratch dir left behind
-    assert ck.verify_checkpoint(run / "checkpoints" / "step_2") is None
+    assert verify_checkpoint(run / "checkpoints" / "step_2") is None
     monkeypatch.setattr(checkpoint_write, "save_file", real)  # space freed: the run resumes from step 2
     rc, _, err = cli(capsys, *args, "--resume")
     assert rc == 0, err
@@ -358,7 +358,7 @@ def test_overlong_generation_prompt_errors_by_default(small_run, capsys):
     from lmforge.tokenizers import Tokenizer
 
     prompt = "It is a truth universally acknowledged, " * 20
-    n = len(Tokenizer.load(ck.latest_checkpoint(small_run)).encode(prompt))
+    n = len(Tokenizer.load(latest_checkpoint(small_run)).encode(prompt))
     assert n > 128
     line = one_error_line(capsys, "generate", str(small_run), "--prompt", "Hi", "--prompt", prompt)
     assert line == (

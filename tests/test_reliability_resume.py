@@ -21,9 +21,12 @@ import pytest
 import torch
 import yaml
 
+from lmforge.checkpoint.layout import list_checkpoints, step_of
+from lmforge.checkpoint.read import read_weights
+from lmforge.checkpoint.verify import latest_checkpoint, verify_checkpoint
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.cli import main
-from lmforge.data import TokenLoader
-from lmforge.train import checkpoint as ck
+from lmforge.data.corpus.loader import TokenLoader
 
 TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size=4", "--train.seq_len=32"]
 TINY += ["--train.warmup_steps=3", "--train.log_every=1", "--train.deterministic", "--sample.prompts=[]"]
@@ -140,7 +143,7 @@ def test_sigkill_at_random_points_then_resume_equals_uninterrupted_run(prepared,
     plan = [("step", None), ("eval", "eval:60"), ("checkpoint", "checkpoint:60"), ("startup", None), ("step", None)]
     resumes: list[tuple[int, int, int]] = []
     for kind, fault in plan:
-        newest = max((ck._step_of(c) for c in ck.list_checkpoints(run)), default=0)
+        newest = max((step_of(c) for c in list_checkpoints(run)), default=0)
         attempt = Attempt(common(prepared, run, *KILL_ARGS, "--resume"), tmp_path, fault)
         if kind == "step":
             target = min(newest + rng.randint(1, 6), 23)
@@ -171,9 +174,9 @@ def test_sigkill_at_random_points_then_resume_equals_uninterrupted_run(prepared,
     for step, epoch, batch in resumes:
         assert (epoch, batch) == loader_at(data, step)
     # The final weights are identical, and the interrupted checkpoint write left nothing behind.
-    assert ck.read_weights(ck.latest_checkpoint(ref)).keys() == ck.read_weights(ck.latest_checkpoint(run)).keys()
-    for name, t in ck.read_weights(ck.latest_checkpoint(ref)).items():
-        assert torch.equal(t, ck.read_weights(ck.latest_checkpoint(run))[name]), name
+    assert read_weights(latest_checkpoint(ref)).keys() == read_weights(latest_checkpoint(run)).keys()
+    for name, t in read_weights(latest_checkpoint(ref)).items():
+        assert torch.equal(t, read_weights(latest_checkpoint(run))[name]), name
     assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".")]
 
 
@@ -229,7 +232,7 @@ def test_scratch_dirs_of_a_dead_writer_with_this_process_id_are_removed(tmp_path
     for d in stale:
         d.mkdir(parents=True)
         (d / "config.yaml").write_text("{}")
-    ck.save_checkpoint(tmp_path, 5, torch.nn.Linear(2, 2), config={})
+    save_checkpoint(tmp_path, 5, torch.nn.Linear(2, 2), config={})
     assert [p.name for p in root.iterdir()] == ["step_5"]
 
 
@@ -253,7 +256,7 @@ def test_truncated_newest_checkpoint_falls_back_to_previous_with_warning(prepare
     again = train_rows(run)
     assert [r["step"] for r in again] == [1, 2, 3, 4, 5, 6]
     assert [r["loss_hex"] for r in again[:4]] == [r["loss_hex"] for r in first]  # steps 3-4 recomputed exactly
-    assert ck.verify_checkpoint(run / "checkpoints" / "step_4") is None  # re-saved whole
+    assert verify_checkpoint(run / "checkpoints" / "step_4") is None  # re-saved whole
 
 
 def test_resume_with_no_checkpoint_yet_starts_fresh(prepared, tmp_path, capsys):
@@ -352,9 +355,9 @@ def test_checkpoint_of_a_compiled_run_resumes_in_eager(prepared, tmp_path, capsy
     assert rc == 0, err
     assert cli(capsys, *common(prepared, eager, *extra))[0] == 0
     ckpt = compiled / "checkpoints" / "step_2"
-    saved = ck.read_weights(ckpt)
+    saved = read_weights(ckpt)
     assert not [k for k in saved if "_orig_mod" in k]
-    ref = ck.read_weights(eager / "checkpoints" / "step_2")
+    ref = read_weights(eager / "checkpoints" / "step_2")
     assert saved.keys() == ref.keys()
     for k in saved:  # compiled kernels may round differently, but train the same weights
         torch.testing.assert_close(saved[k], ref[k], rtol=1e-4, atol=1e-5)
@@ -407,8 +410,8 @@ def test_run_init_continues_from_a_run_with_its_model_and_tokenizer(prepared, tm
     saved = yaml.safe_load((second / "config.yaml").read_text())
     assert saved["model"] == yaml.safe_load((first / "config.yaml").read_text())["model"]
     assert saved["model"]["name"] == "gpt-tiny" and saved["data"]["tokenizer"] == str(first / "checkpoints" / "step_2")
-    before = ck.read_weights(first / "checkpoints" / "step_2")
-    after = ck.read_weights(second / "checkpoints" / "step_1")
+    before = read_weights(first / "checkpoints" / "step_2")
+    after = read_weights(second / "checkpoints" / "step_1")
     assert before.keys() == after.keys()
     for k in before:
         torch.testing.assert_close(after[k], before[k], rtol=0, atol=0)

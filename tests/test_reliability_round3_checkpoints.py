@@ -14,9 +14,12 @@ import torch
 from safetensors.torch import load_file
 from test_reliability_inputs import TINY, cli, last_error_line, one_error_line, pretrain
 
+from lmforge.checkpoint.layout import checkpoints_in, step_of
+from lmforge.checkpoint.read import read_config
+from lmforge.checkpoint.verify import verify_checkpoint
+from lmforge.checkpoint.write import save_checkpoint
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
-from lmforge.train import checkpoint as ck
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
 LINK_WHY = "it is a symbolic link (to {}); a run writes only its own files, so remove the link"
@@ -57,7 +60,7 @@ def test_a_checkpoint_save_refuses_a_linked_checkpoints_dir_and_step_dir(tmp_pat
         (run / link).parent.mkdir(parents=True, exist_ok=True)
         (run / link).symlink_to(outside)
         with pytest.raises(Exception, match=r"refusing to write .*: it is a symbolic link"):
-            ck.save_checkpoint(run, 3, model, config={}, keep_last=1)
+            save_checkpoint(run, 3, model, config={}, keep_last=1)
     assert list(outside.iterdir()) == []
 
 
@@ -73,7 +76,7 @@ def test_a_manifest_entry_pointing_outside_the_checkpoint_is_never_read(prepared
     manifest["files"][rel] = {"size": 1, "sha256": "0" * 64}  # the checker would say "has 1234 bytes"
     (step / "manifest.json").write_text(json.dumps(manifest))
     why = f"manifest.json names '{rel}', which is not a file inside the checkpoint"
-    assert ck.verify_checkpoint(step) == why
+    assert verify_checkpoint(step) == why
     line = one_error_line(capsys, "generate", str(step), "--prompt", "It is")
     assert line == f"error: checkpoint {step} is not usable: {why}"
     assert "1234" not in line
@@ -93,7 +96,7 @@ def test_a_manifest_entry_through_a_symbolic_link_is_refused(prepared, tmp_path,
     manifest = json.loads((step / "manifest.json").read_text())
     manifest["files"]["link/f"] = {"size": 1, "sha256": "0" * 64}
     (step / "manifest.json").write_text(json.dumps(manifest))
-    assert ck.verify_checkpoint(step) == "manifest.json names 'link/f', which is not a file inside the checkpoint"
+    assert verify_checkpoint(step) == "manifest.json names 'link/f', which is not a file inside the checkpoint"
 
 
 def test_a_run_dir_whose_name_is_not_utf8_is_refused_before_any_work(prepared, tmp_path, capsys):
@@ -130,7 +133,7 @@ def test_an_update_to_finite_but_unusable_weights_is_not_a_good_checkpoint(prepa
     ), line
     # step_4 survived keep_last=2 although six checkpoints were written after it; its weights are those of training
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["nonfinite", "step_4"]
-    assert ck.verify_checkpoint(run / "checkpoints" / "step_4") is None
+    assert verify_checkpoint(run / "checkpoints" / "step_4") is None
     assert _max_abs(run / "checkpoints" / "step_4") < 100
     # what made step_5 unusable: finite weights, far too large (the overflow check passes them)
     assert 1e30 < _max_abs(aside / "step_9") < float("inf")
@@ -176,7 +179,7 @@ def test_generate_and_eval_on_a_diverged_checkpoint_are_one_line(prepared, tmp_p
     rc, _, err = cli(capsys, "pretrain", f"--run.dir={run}", "--resume", "--train.max_steps=8", "--train.lr=1e38",
                      "--train.schedule=constant", "--quiet")  # fmt: skip
     assert rc == 2, err
-    inf_ckpt = max(ck._checkpoints_in(run / "checkpoints" / "nonfinite"), key=ck._step_of)
+    inf_ckpt = max(checkpoints_in(run / "checkpoints" / "nonfinite"), key=step_of)
     assert _max_abs(inf_ckpt) == float("inf")
     text = tmp_path / "t.txt"
     text.write_text("It is a truth universally acknowledged.\n")
@@ -216,7 +219,7 @@ def test_a_manifest_nested_too_deeply_makes_the_checkpoint_unusable_not_an_inter
     capsys.readouterr()
     step = run / "checkpoints" / "step_2"
     (step / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
-    assert ck.verify_checkpoint(step) == "manifest.json is unreadable"
+    assert verify_checkpoint(step) == "manifest.json is unreadable"
     assert one_error_line(capsys, "generate", str(step), "--prompt", "It is") == (
         f"error: checkpoint {step} is not usable: manifest.json is unreadable"
     )
@@ -255,4 +258,4 @@ def test_yaml_nested_too_deeply_is_one_line(prepared, tmp_path, capsys):
     step = run / "checkpoints" / "step_1"
     (step / "config.yaml").write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")
     with pytest.raises(LMForgeError, match=r"could not read .*config\.yaml: nested too deeply"):
-        ck.read_config(step)
+        read_config(step)

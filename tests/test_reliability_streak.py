@@ -12,10 +12,11 @@ import torch
 from safetensors.torch import load_file
 from test_reliability_inputs import cli, last_error_line, pretrain, train_rows
 
+from lmforge.checkpoint.read import read_weights
+from lmforge.checkpoint.verify import verify_checkpoint
 from lmforge.cli import main
 from lmforge.objectives.causal_lm import CausalLM
 from lmforge.registry import OBJECTIVES
-from lmforge.train import checkpoint as ck
 
 TINY = ["--model.preset=gpt-tiny", "--model.vocab_size=512", "--train.batch_size=4", "--train.seq_len=32"]
 TINY += ["--train.log_every=1", "--train.eval_every=100", "--sample.prompts=[]", "--train.eval_batches=2"]
@@ -86,7 +87,7 @@ def test_nonfinite_loss_or_gradient_skips_the_step_with_a_warning(prepared, tmp_
     assert rows[5]["skipped"] is True and rows[5]["nonfinite"] == "gradient norm" and rows[5]["grad_norm"] is None
     assert all("skipped" not in rows[s] and rows[s]["loss"] > 0 for s in (1, 2, 4, 6))
     # A skipped step leaves the weights as they were; the steps around it change them.
-    w = {s: ck.read_weights(run / "checkpoints" / f"step_{s}") for s in range(1, 7)}
+    w = {s: read_weights(run / "checkpoints" / f"step_{s}") for s in range(1, 7)}
     for before, after, same in [(2, 3, True), (3, 4, False), (4, 5, True), (5, 6, False)]:
         assert all(torch.equal(w[before][k], w[after][k]) for k in w[before]) is same
 
@@ -102,7 +103,7 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run_with_one_line(prepared, 
         "lower train.lr or check the data; the last checkpoint before it is step_3, which --resume continues from"
     )
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_3"]
-    assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
+    assert verify_checkpoint(run / "checkpoints" / "step_3") is None
     assert [r["step"] for r in train_rows(run) if r.get("skipped")] == [4, 5, 6]
     POISON.clear()  # the cause is gone (e.g. a lower lr): the run resumes from its last checkpoint
     rc, _, err = cli(capsys, *args, "--resume")
@@ -124,7 +125,7 @@ def test_a_nonfinite_streak_never_evicts_the_checkpoint_from_before_it(prepared,
     # keep_last=3 of the streak + the one before it; the streak's own are set aside, where --resume does not look
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["nonfinite", "step_3"]
     assert sorted(p.name for p in aside.iterdir()) == ["step_5", "step_6", "step_7"]
-    assert ck.verify_checkpoint(run / "checkpoints" / "step_3") is None
+    assert verify_checkpoint(run / "checkpoints" / "step_3") is None
     POISON.clear()
 
 

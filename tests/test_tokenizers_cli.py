@@ -184,8 +184,8 @@ def test_cmd_encode_takes_a_run_dir(saved: Path, tmp_path: Path) -> None:
     """The tokenizer of a run (its latest checkpoint's), as `lmforge generate RUN` would encode with."""
     import dataclasses
 
+    from lmforge.checkpoint.write import write_checkpoint_dir
     from lmforge.models import Transformer, get_preset
-    from lmforge.train.checkpoint import write_checkpoint_dir
 
     tok = Tokenizer.load(saved)
     cfg = dataclasses.replace(get_preset("gpt-tiny"), vocab_size=tok.vocab_size)

@@ -102,9 +102,10 @@ def test_two_process_ddp_equals_one_process_with_double_batch(prepared, tmp_path
     assert len(a) == len(b) == 4
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
     # Each rank keeps its own random stream (masks, noise, dropout), saved with the checkpoint for exact resume.
-    from lmforge.train import checkpoint as ckpt
+    from lmforge.checkpoint.train_state import load_train_state
+    from lmforge.checkpoint.verify import latest_checkpoint
 
-    rngs = ckpt.load_train_state(ckpt.latest_checkpoint(tmp_path / "two"))["rng"]
+    rngs = load_train_state(latest_checkpoint(tmp_path / "two"))["rng"]
     assert len(rngs) == 2 and not torch.equal(rngs[0]["torch"], rngs[1]["torch"])
 
 

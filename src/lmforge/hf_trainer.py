@@ -27,7 +27,7 @@ try:
 except ImportError as e:  # transformers is an optional dependency of lmforge
     raise ImportError(extra_hint("hf", "lmforge.hf_trainer")) from e
 
-from lmforge.checkpoints import load_weights
+from lmforge.checkpoint.read import load_weights
 from lmforge.models import Transformer
 from lmforge.tokenizers import Tokenizer
 

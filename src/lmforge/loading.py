@@ -14,7 +14,9 @@ import torch
 from lmforge.adapt import merge_and_unload
 from lmforge.adapt.adamix import merge_adamix
 from lmforge.adapt.finetune import AdapterWeights, apply_peft_section
-from lmforge.checkpoints import is_finetuned
+from lmforge.checkpoint.layout import CHECKPOINTS_DIR
+from lmforge.checkpoint.read import is_finetuned, load_weights, read_config
+from lmforge.checkpoint.verify import model_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.extras import available
 from lmforge.models import Transformer
@@ -26,7 +28,6 @@ from lmforge.tasks.backbone import SECTIONS, backbone_tokenizer, random_backbone
 from lmforge.tasks.config import FtModelConfig, build_finetune_config
 from lmforge.tasks.predictor import FineTunedTransformer
 from lmforge.tokenizers import Tokenizer
-from lmforge.train import checkpoint as ckpt
 
 
 def load(path: str | Path, device: str | torch.device = "cpu"):
@@ -57,7 +58,7 @@ _ROTATION_RETRIES = 20
 def _checkpoint_names(path: Path) -> list[str] | None:
     """The names in a run dir's checkpoints/ (None for anything else: a checkpoint dir is read as it is)."""
     try:
-        return sorted(os.listdir(path / ckpt.CHECKPOINTS_DIR))
+        return sorted(os.listdir(path / CHECKPOINTS_DIR))
     except OSError:
         return None
 
@@ -143,7 +144,7 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
             return random_backbone(init, cfg, texts)
         raise LMForgeError(f"model.init: '{init}' is neither a run/checkpoint/model dir nor a model preset")
 
-    if not is_hf_only(path) and is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path))):
+    if not is_hf_only(path) and is_finetuned(read_config(model_checkpoint(path))):
         _, model, tokenizer, _ = load_finetuned(path)
         return model.backbone, tokenizer
     model, tokenizer = load(path)
@@ -157,8 +158,8 @@ def load_backbone(cfg: FtModelConfig, texts: Callable[[], list[str]]):
 def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):
     """(task, TaskModel in eval mode, tokenizer, FinetuneConfig) of a fine-tuned run or checkpoint dir. An AdaMix
     model comes back merged (`merge_adamix`): one adapter per site with the experts' averaged weights."""
-    c = ckpt.model_checkpoint(Path(path))
-    raw = ckpt.read_config(c)
+    c = model_checkpoint(Path(path))
+    raw = read_config(c)
     if not is_finetuned(raw):
         raise LMForgeError(f"{c} is not a fine-tuned checkpoint (its config has no task and backbone sections)")
     cfg = build_finetune_config({k: raw[k] for k in SECTIONS if k in raw})
@@ -170,7 +171,7 @@ def load_finetuned(path: str | Path, device: str | torch.device = "cpu"):
     task = TASKS.get(cfg.task.type)(cfg.task.options, tokenizer, raw.get("labels"))
     model = task.build(backbone)
     apply_peft_section(model, cfg.peft)
-    ckpt.load_weights(c, AdapterWeights(model, task_token_rows(tokenizer)) if raw.get("adapter_only") else model)
+    load_weights(c, AdapterWeights(model, task_token_rows(tokenizer)) if raw.get("adapter_only") else model)
     if cfg.peft.method == "adamix":  # AdaMix §3.3: inference runs one adapter per site, the experts' average
         merge_adamix(model)
     return task, model.to(device).eval(), tokenizer, cfg

@@ -2,7 +2,7 @@
 
 A recipe's `peft` section names a method (`peft.method`, "none" = full fine-tuning); its other keys are that
 method's options (`--peft.method=lora --peft.rank=8`). `AdapterWeights` is a checkpoint view of an adapted task
-model: `train/checkpoint.py` saves and loads it like any module, and it holds only the trainable tensors
+model: `lmforge.checkpoint` saves and loads it like any module, and it holds only the trainable tensors
 (adapters + task head) and the embedding rows of tokens added for the task."""
 
 from __future__ import annotations

@@ -78,9 +78,10 @@ def bon_kl(n: int) -> float:
 def _policy_name(run: str, name: str | None) -> tuple[str, str]:
     if name is not None:
         return name, run
-    from lmforge.train import checkpoint as ckpt
+    from lmforge.checkpoint.read import read_config
+    from lmforge.checkpoint.verify import model_checkpoint
 
-    raw = ckpt.read_config(ckpt.model_checkpoint(Path(run)))
+    raw = read_config(model_checkpoint(Path(run)))
     return str(((raw.get("align") or {}).get("method")) or Path(run).name), run
 
 
@@ -102,10 +103,11 @@ def compare(
     from lmforge.align.config import build_align_config
     from lmforge.align.run import load_reward_model, prompt_data, reward_scorer
     from lmforge.align.templates import get_template
+    from lmforge.checkpoint.read import read_config
+    from lmforge.checkpoint.verify import model_checkpoint
     from lmforge.loading import load
-    from lmforge.train import checkpoint as ckpt
 
-    raw = ckpt.read_config(ckpt.model_checkpoint(Path(prompts_from)))
+    raw = read_config(model_checkpoint(Path(prompts_from)))
     if not isinstance(raw.get("align"), dict):
         raise LMForgeError(f"{prompts_from} is not an alignment run: its data cannot give the held-out prompts")
     cfg = build_align_config(raw["align"])

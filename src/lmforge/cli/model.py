@@ -37,11 +37,11 @@ def cmd_model_info(preset: str, batch: int | None = None, seq: int | None = None
         print(PUBLISHED_TABLES[preset]())
         return
     if Path(preset).exists():  # what a run or checkpoint built
-        from lmforge.checkpoints import is_finetuned
+        from lmforge.checkpoint.read import is_finetuned, read_config
+        from lmforge.checkpoint.verify import model_checkpoint
         from lmforge.models.presets import model_config_from_dict
-        from lmforge.train import checkpoint as ckpt
 
-        raw = ckpt.read_config(ckpt.model_checkpoint(Path(preset)))
+        raw = read_config(model_checkpoint(Path(preset)))
         cfgs = {preset: model_config_from_dict(raw["backbone" if is_finetuned(raw) else "model"])}
     else:
         names = MODELS.names() if preset == "all" else [preset]

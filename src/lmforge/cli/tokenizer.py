@@ -73,7 +73,7 @@ def cmd_train(
     """Train a tokenizer on text files, save it to ``out`` and print and return a summary. ``sample_chars``: train
     on a sample of this many characters (None: the kind's default; 0: all); ``cache``: reuse a tokenizer trained
     before on the same text and settings."""
-    from lmforge.data.text_files import FileTexts, check_input_file
+    from lmforge.data.corpus.text_files import FileTexts, check_input_file
     from lmforge.tokenizers.train import train_tokenizer
 
     if not inputs:
@@ -111,7 +111,7 @@ def _tokenizer_of(spec: str) -> Tokenizer:
 
     path = Path(spec)
     if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / "checkpoints").is_dir():
-        from lmforge.train.checkpoint import model_checkpoint
+        from lmforge.checkpoint.verify import model_checkpoint
 
         path = model_checkpoint(path)
     return load_tokenizer(str(path) if path.exists() else spec, "tokenizer")
@@ -120,7 +120,7 @@ def _tokenizer_of(spec: str) -> Tokenizer:
 def cmd_encode(tokenizer_path: Path, text: str | None = None, file: Path | None = None) -> list[int]:
     """Encode ``text`` or the contents of ``file`` with a tokenizer (a dir or file, a published one's name, or a run's);
     print the ids and their tokens, return the ids."""
-    from lmforge.data.text_files import check_input_file
+    from lmforge.data.corpus.text_files import check_input_file
 
     if (text is None) == (file is None):
         raise LMForgeError("give exactly one of a text or --file to encode")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lmforge.checkpoints import newest_config
+from lmforge.checkpoint.read import newest_config
 from lmforge.config.core import flat_keys, get_key, merge_dicts, parse_overrides, read_yaml, resolve_recipe
 from lmforge.errors import LMForgeError
 

@@ -14,14 +14,14 @@ RESULTS_FILE = "eval-results.json"
 
 def is_finetuned_run(path: Path) -> bool:
     """Whether `path` is a fine-tuned run or checkpoint (not a pretrained one, nor a Hugging Face dir)."""
-    from lmforge.checkpoints import is_finetuned
+    from lmforge.checkpoint.read import is_finetuned, read_config
+    from lmforge.checkpoint.verify import model_checkpoint
     from lmforge.models.pretrained import is_hf_only
-    from lmforge.train import checkpoint as ckpt
 
     if is_hf_only(path):
         return False
     try:
-        return is_finetuned(ckpt.read_config(ckpt.model_checkpoint(path)))
+        return is_finetuned(read_config(model_checkpoint(path)))
     except LMForgeError:
         return False
 
@@ -48,7 +48,7 @@ def eval_finetuned(path: Path, overrides: list[str], split: str) -> dict[str, di
     splits = load_splits(cfg.data)
     name = data_label(cfg.data)
     if split not in splits and cfg.data.source == "glue":  # e.g. MNLI's dev_mismatched
-        from lmforge.data.glue import read_glue
+        from lmforge.data.labelled.glue import read_glue
 
         splits[split] = read_glue(cfg.data.name, Path(cfg.data.dir or "."), split)
         name = f"{name}_mm" if split.endswith("mismatched") else f"{name}-{split}"

@@ -185,7 +185,7 @@ def electra_generator(source: str | Path, device: torch.device | str = "cpu"):
     """The MLM generator an ELECTRA pretraining run (or one of its checkpoints) trained beside its discriminator,
     which is the model `lmforge.load` gives; None when `source` is no ELECTRA pretraining run (a Hugging Face dir, a
     fine-tuned run, another objective's run)."""
-    from lmforge.checkpoints import load_weights
+    from lmforge.checkpoint.read import load_weights
     from lmforge.models.presets import model_config_from_dict
     from lmforge.models.pretrained import find_pretrained
     from lmforge.objectives.electra import ElectraModel, ElectraOptions, generator_config

@@ -20,8 +20,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lmforge.checkpoint_write import write_failure, write_model_files
-from lmforge.checkpoints import MANIFEST_FILE, is_finetuned
+from lmforge.checkpoint.layout import MANIFEST_FILE
+from lmforge.checkpoint.read import is_finetuned
+from lmforge.checkpoint.write import write_failure, write_model_files
 from lmforge.errors import LMForgeError
 from lmforge.models.hf_training import (
     IGNORE_INDEX,

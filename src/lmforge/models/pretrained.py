@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from lmforge.checkpoints import CONFIG_FILE, export_module, load_weights, model_checkpoint, read_config
+from lmforge.checkpoint.layout import CONFIG_FILE
+from lmforge.checkpoint.read import export_module, load_weights, read_config
+from lmforge.checkpoint.verify import model_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.models.hf import import_hf, is_hf_dir
 from lmforge.models.presets import model_config_from_dict

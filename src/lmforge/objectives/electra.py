@@ -166,7 +166,7 @@ class Electra(MaskedObjective):
     name = "electra"
     Options = ElectraOptions
     # lmforge.load(run) returns the discriminator: the model section of the run's config describes it
-    # (lmforge/checkpoints.py, EXPORT_MODULES)
+    # (checkpoint/read.py, EXPORT_MODULES)
 
     def build_model(self, model_cfg) -> nn.Module:
         if not model_cfg.is_encoder or not model_cfg.rtd_head:

@@ -131,7 +131,7 @@ class MAELM(MaskedObjective):
     name = "mae-lm"
     Options = MAELMOptions
     # lmforge.load(run) returns the encoder: the model section of the run's config describes it
-    # (lmforge/checkpoints.py, EXPORT_MODULES)
+    # (checkpoint/read.py, EXPORT_MODULES)
 
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)

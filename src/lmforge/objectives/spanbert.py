@@ -66,7 +66,7 @@ class SpanBERT(MaskedObjective):
     name = "spanbert"
     Options = SpanBERTOptions
     # lmforge.load(run) returns the backbone: the model section of the run's config describes it
-    # (lmforge/checkpoints.py, EXPORT_MODULES)
+    # (checkpoint/read.py, EXPORT_MODULES)
 
     def __init__(self, cfg, tokenizer) -> None:
         super().__init__(cfg, tokenizer)

@@ -235,7 +235,7 @@ class HFTokenizerMixin:
         checkpoint when it selected one, else its newest)."""
         path = Path(path)
         if path.is_dir() and not (path / "tokenizer.json").is_file():
-            from lmforge.checkpoints import latest_checkpoint
+            from lmforge.checkpoint.verify import latest_checkpoint
 
             best = path / "best"
             path = best if (best / "tokenizer.json").is_file() else latest_checkpoint(path)

@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from lmforge.checkpoint.layout import CHECKPOINTS_DIR, NONFINITE_DIR
+from lmforge.checkpoint.rotate import set_aside
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
-from lmforge.train import checkpoint as ckpt
 from lmforge.train.distributed import DistInfo, barrier
 from lmforge.train.metrics import MetricsLogger
 
@@ -82,11 +83,11 @@ class Health:
         continues from the good one → the end of the stop line, saying so."""
         wait_for_saves()  # a save still being written publishes first
         good = self.pre_streak_ckpt
-        moved = ckpt.set_aside(self.run_dir, good) if self.dist.is_main else []
+        moved = set_aside(self.run_dir, good) if self.dist.is_main else []
         barrier(self.dist)
         aside = ""
         if moved:
-            where = self.run_dir / ckpt.CHECKPOINTS_DIR / ckpt.NONFINITE_DIR
+            where = self.run_dir / CHECKPOINTS_DIR / NONFINITE_DIR
             aside = f"; {len(moved)} checkpoint(s) saved after it ({', '.join(moved)}) are moved to {where}"
         if good is None:
             return f"{aside}; no checkpoint is known good, so --resume starts at step 0"

@@ -345,7 +345,7 @@ class Loop:
         state = self.train_state()  # every rank takes part in gathering loader and RNG states
         # Rotation never evicts the last good checkpoint while the one written now is not good.
         protect = self.health.protect(good)
-        if self.sharded is not None:  # every rank writes its shards (train/dcp.py)
+        if self.sharded is not None:  # every rank writes its shards (checkpoint/sharded.py)
             del state["optimizer"]
             saved, step = self.spec.saved(), self.step  # with async_save, on_partial fires later, in the writer
             self.sharded.save(

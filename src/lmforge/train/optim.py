@@ -13,7 +13,7 @@ import re
 import torch
 from torch import Tensor, nn
 
-from lmforge.checkpoints import is_dtensor
+from lmforge.checkpoint.tensors import is_dtensor
 from lmforge.config.sections import OptimConfig
 
 _BLOCK = re.compile(r"(?:^|\.)(encoder|decoder)\.blocks\.(\d+)\.")

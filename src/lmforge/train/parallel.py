@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from lmforge.adapt.inject import transformers_in
-from lmforge.checkpoints import is_dtensor, local
+from lmforge.checkpoint.tensors import is_dtensor, local
 from lmforge.config.sections import LoopConfig
 from lmforge.errors import LMForgeError
 from lmforge.models.layers import Block
@@ -360,15 +360,3 @@ def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
         out[name] = done[key]
     return out
 
-
-def shard_like(own: dict[str, Tensor], full: dict[str, Tensor]) -> dict[str, Tensor]:
-    """`full` (name → full tensor, the same on every rank) with each tensor that is sharded in `own` cut into this
-    rank's shard, ready for `load_state_dict`. No communication."""
-    from torch.distributed.tensor import distribute_tensor
-
-    out = dict(full)
-    for name, mine in own.items():
-        if name in full and is_dtensor(mine):
-            t = full[name].to(mine.device, mine.dtype)
-            out[name] = distribute_tensor(t, mine.device_mesh, mine.placements, src_data_rank=None)
-    return out

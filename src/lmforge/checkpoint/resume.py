@@ -5,8 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lmforge.checkpoint.layout import CHECKPOINTS_DIR, NONFINITE_DIR, checkpoints_in, list_checkpoints, step_of
+from lmforge.checkpoint.read import read_config
+from lmforge.checkpoint.rotate import remove_stale_scratch
+from lmforge.checkpoint.verify import latest_checkpoint
 from lmforge.errors import LMForgeError
-from lmforge.train import checkpoint as ckpt
 
 FROZEN_ON_RESUME = ("model", "data", "objective")
 """Config sections that must not change when a run resumes (train.* may: e.g. a longer max_steps)."""
@@ -24,10 +27,10 @@ def resume_checkpoint(
     under, when not at the top). Unfinished saves (`.tmp-step_*` dirs of dead processes) are removed.
     """
     run_dir = Path(run_dir)
-    root = run_dir / ckpt.CHECKPOINTS_DIR
+    root = run_dir / CHECKPOINTS_DIR
     if is_main and root.is_dir():
-        ckpt._remove_stale_scratch(root)
-    found = ckpt.list_checkpoints(run_dir)
+        remove_stale_scratch(root)
+    found = list_checkpoints(run_dir)
     if not resume:
         if found:
             raise LMForgeError(
@@ -39,10 +42,10 @@ def resume_checkpoint(
             print(f"warning: --resume: no checkpoint in {run_dir} yet, starting at step 0", file=sys.stderr)
             _note_set_aside(root, None)
         return None
-    chosen = ckpt.latest_checkpoint(run_dir)
+    chosen = latest_checkpoint(run_dir)
     if is_main:
         _note_set_aside(root, chosen)
-    saved = ckpt.read_config(chosen)
+    saved = read_config(chosen)
     check_frozen(saved.get(saved_as) or {} if saved_as else saved, config, frozen)
     return chosen
 
@@ -64,13 +67,13 @@ def check_frozen(old: dict, new: dict, frozen: tuple[str, ...] = FROZEN_ON_RESUM
 
 def _note_set_aside(root: Path, chosen: Path | None) -> None:
     """Say so when a non-finite streak set checkpoints newer than the one resumed from aside (train/loop.py)."""
-    aside = ckpt._checkpoints_in(root / ckpt.NONFINITE_DIR)
-    step = ckpt._step_of(chosen) if chosen is not None else -1
-    later = [c.name for c in aside if ckpt._step_of(c) > step]
+    aside = checkpoints_in(root / NONFINITE_DIR)
+    step = step_of(chosen) if chosen is not None else -1
+    later = [c.name for c in aside if step_of(c) > step]
     if later:
         start = f"{chosen.name}, the last good checkpoint" if chosen is not None else "step 0: no checkpoint was good"
         print(
             f"note: resuming from {start} before the non-finite streak that stopped the run; the checkpoints saved "
-            f"after it ({', '.join(later)}) are set aside in {root / ckpt.NONFINITE_DIR}",
+            f"after it ({', '.join(later)}) are set aside in {root / NONFINITE_DIR}",
             file=sys.stderr,
         )
