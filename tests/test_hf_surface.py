@@ -13,7 +13,7 @@ import lmforge
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
 from lmforge.models.generate import generate
-from lmforge.models.hf_surface import shift_right
+from lmforge.models.hf_training import shift_right
 from lmforge.objectives.mlm import mlm_loss
 from lmforge.objectives.seq2seq import seq2seq_loss
 

@@ -101,9 +101,9 @@ def train_extras(model: nn.Module, options: PeftOptions) -> None:
 
 def named_transformers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of the lmforge `Transformer`s inside `model` (the model itself, a TaskModel's backbone...)."""
-    from lmforge.models.model import Transformer
+    from lmforge.models.model import TransformerCore
 
-    found = [(n, m) for n, m in model.named_modules() if isinstance(m, Transformer)]
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, TransformerCore)]
     if not found:
         raise LMForgeError(f"{type(model).__name__} holds no lmforge Transformer to adapt")
     return found

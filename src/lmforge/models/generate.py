@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lmforge.errors import LMForgeError
 from lmforge.models.beam import beam_search, finite_logits
+from lmforge.models.model import TransformerCore
 from lmforge.models.static_decode import StaticSteps, can_compile, compile_mode
-
-if TYPE_CHECKING:  # model.py's Transformer calls generate(); this module only names its type
-    from lmforge.models.model import Transformer
 
 Overlong = Literal["error", "truncate"]
 """What generation does with a prompt longer than the model's max_seq_len."""
@@ -58,7 +56,7 @@ def next_token(
 class DecoderSteps:
     """Incremental decoding state of a decoder-only model over left-padded prompts (B, T)."""
 
-    def __init__(self, model: Transformer, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+    def __init__(self, model: TransformerCore, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if input_ids.shape[1] == 0 or not bool(attention_mask[:, -1].all()):
@@ -117,7 +115,7 @@ class Seq2SeqSteps:
     The decoder starts from `config.decoder_start_id`; cross-attention keys/values are computed at the first
     step and kept in the cache (`KVCache.cross_kv`)."""
 
-    def __init__(self, model: Transformer, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+    def __init__(self, model: TransformerCore, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         self.model, self.input_ids, self.enc_mask = model, input_ids, attention_mask
         self.batch_size, self.device = input_ids.shape[0], input_ids.device
         self.memory: Tensor | None = None  # encoder output (B, S, d_model), computed by start()
@@ -161,7 +159,7 @@ class Seq2SeqSteps:
 
 
 def decoding_steps(
-    model: Transformer, input_ids: Tensor, attention_mask: Tensor | None = None
+    model: TransformerCore, input_ids: Tensor, attention_mask: Tensor | None = None
 ) -> DecoderSteps | Seq2SeqSteps:
     """The decoding state for `model.config.arch`; raises LMForgeError for models that cannot generate."""
     cfg = model.config
@@ -246,7 +244,7 @@ def _check_args(
 
 @torch.no_grad()
 def generate(
-    model: Transformer,
+    model: TransformerCore,
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
     *,
@@ -300,7 +298,7 @@ def generate(
 
 
 def generate_text(
-    model: Transformer, tokenizer, prompts: list[str], *, overlong: Overlong = "error", **kw
+    model: TransformerCore, tokenizer, prompts: list[str], *, overlong: Overlong = "error", **kw
 ) -> list[str]:
     """Encode prompts, generate, and decode only the generated tokens (keywords as for `generate`).
 

@@ -83,10 +83,11 @@ def preset_sizes(row: GPT3Size) -> dict:
 
 def count_params(name: str) -> int:
     """Parameters of a preset's model, counted on the meta device (no memory, even for 175B)."""
-    from lmforge.models import Transformer, get_preset
+    from lmforge.models.model import TransformerCore
+    from lmforge.registry import MODELS  # the presets, registered by presets.py, which reads this module's table
 
     with torch.device("meta"):
-        return Transformer(get_preset(name)).num_params()
+        return TransformerCore(MODELS.get(name)).num_params()
 
 
 def _human(n: float) -> str:

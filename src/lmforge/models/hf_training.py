@@ -1,7 +1,7 @@
-"""Hugging Face training habits of `Transformer` (mixed in through `HFSurface`): `generation_config`,
-`resize_token_embeddings`, activation (gradient) checkpointing, `prepare_decoder_input_ids_from_labels` (what
-`DataCollatorForSeq2Seq(model=...)` calls) and the tied-weight names `transformers.Trainer` reads when it loads a
-checkpoint back.
+"""Hugging Face training habits of `Transformer` (a base of models/transformer.py's, beside the network):
+`generation_config`, `resize_token_embeddings`, activation (gradient) checkpointing,
+`prepare_decoder_input_ids_from_labels` (what `DataCollatorForSeq2Seq(model=...)` calls) and the tied-weight names
+`transformers.Trainer` reads when it loads a checkpoint back.
 
 The generation config is a `transformers.GenerationConfig` built on first use (transformers is an optional
 dependency: a model nobody asks for one needs none). `model.generate` takes its defaults from it, as `transformers`

@@ -1,61 +1,23 @@
 """The transformer model of every family: token embeddings, one or two stacks, optional LM head and pooler.
 
-Models return hidden states and logits; objectives and tasks compute losses."""
+Models return hidden states and logits; objectives and tasks compute losses. This is the network alone: the class
+users build and load, `lmforge.models.Transformer` (models/transformer.py), is this network with the Hugging Face
+surface (generate, save_pretrained / from_pretrained, `labels=`) added in a module above it."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models.config import ModelConfig
-from lmforge.models.hf_surface import HFOutputMixin, HFSurface
 from lmforge.models.init import init_weights
 from lmforge.models.layers import KVCache, activation_fn, make_norm
 from lmforge.models.lm_head import aligned_head_logits, cross_entropy
 from lmforge.models.mtp import MTPHeads
+from lmforge.models.output import ModelOutput
 from lmforge.models.recurrence import xl_forward
 from lmforge.models.stack import Stack
-
-
-@dataclass
-class ModelOutput(HFOutputMixin):
-    last_hidden_state: Tensor
-    """(B, T, d_model): the decoder's for decoder and encoder-decoder models, else the encoder's."""
-    logits: Tensor | None = None
-    """(B, T, vocab_size) when the model has an LM head and logits were requested."""
-    cache: KVCache | None = None
-    encoder_last_hidden_state: Tensor | None = None
-    pooled: Tensor | None = None
-    """(B, d_model) BERT pooler output over the first token."""
-    rtd_logits: Tensor | None = None
-    """(B, T) ELECTRA discriminator logits: > 0 means "this token was replaced"."""
-    nsp_logits: Tensor | None = None
-    """(B, 2) BERT next-sentence / ALBERT sentence-order logits over the pooled output (class 0 = in order)."""
-    mtp_logits: list[Tensor] | None = None
-    """Multi-token prediction (forward(..., mtp=True)): per extra head k = 1..mtp_heads, (B, T - k, V) logits of
-    token t + k + 1 at position t (`logits` are the next-token head's)."""
-    hidden_states: tuple[Tensor, ...] | None = None
-    """output_hidden_states=True: the embedding output and every block's output, n_layers + 1 tensors (B, T, d_model),
-    the last one after the final norm (as Hugging Face returns them); the decoder's for encoder-decoders."""
-    encoder_hidden_states: tuple[Tensor, ...] | None = None
-    """output_hidden_states=True on an encoder-decoder: the encoder's n_layers + 1 hidden states."""
-    mems: list[Tensor] | None = None
-    """use_mems=True (model.position='xl'): per layer (B, <= mem_len, d_model), the memory for the next segment."""
-    query_hidden_state: Tensor | None = None
-    """XLNet query stream (forward(..., query_positions=...)): (B, P, d_model) at the target positions."""
-    query_logits: Tensor | None = None
-    """(B, P, vocab_size) LM-head logits of the query stream, when logits were requested."""
-    loss: Tensor | None = None
-    """forward(..., labels=...) only: the LM head's cross-entropy against the labels (models/hf_surface.py)."""
-
-
-# A pytree node, as `transformers` registers its ModelOutput: torch 2.11's FSDP2 finds a unit's output tensors with
-# tree_flatten to hook their backward; as a leaf this dataclass hid them, and a model sharded as one unit never
-# reduced its gradients (torch 2.13's FSDP2 looks into dataclasses).
-torch.utils._pytree.register_dataclass(ModelOutput)
 
 
 def _kinds(attn_kind: Tensor | None, prefix_len: Tensor | None) -> dict:
@@ -84,9 +46,9 @@ class RTDHead(nn.Module):
         return self.out(self.act(self.dense(h))).squeeze(-1)  # (B, T)
 
 
-class Transformer(HFSurface, nn.Module):
-    """A decoder, encoder or encoder-decoder transformer, chosen by `ModelConfig.arch`; `HFSurface` adds the
-    Hugging Face-shaped methods (generate, save_pretrained, from_pretrained)."""
+class TransformerCore(nn.Module):
+    """A decoder, encoder or encoder-decoder transformer, chosen by `ModelConfig.arch`: the network, loss-free (the
+    Hugging Face-shaped methods are `lmforge.models.Transformer`'s, a subclass)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -276,8 +238,6 @@ class Transformer(HFSurface, nn.Module):
         perm_mask: Tensor | None = None,
         query_positions: Tensor | None = None,
         attn_kind: Tensor | None = None,
-        labels: Tensor | None = None,
-        num_items_in_batch: int | Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) with 1 for real tokens (for a cached decoder: (B, T_past + T)).
 
@@ -299,13 +259,8 @@ class Transformer(HFSurface, nn.Module):
         XLNet's factorisation-order mask; query_positions (B, P) runs the query stream at those positions.
 
         attn_kind (B,): a self-attention kind per row for one-stack models (models/masks.py: bidirectional,
-        left-to-right, right-to-left, seq2seq with prefix_len source tokens; UniLM), replacing the stack's mask.
-
-        labels (B, T), -100 where ignored: as a `transformers` model takes them, also return their loss
-        (ModelOutput.loss; next-token for decoders, models/hf_surface.py); an encoder-decoder without
-        decoder_input_ids decodes the labels shifted right. num_items_in_batch: see `hf_surface.labels_loss`."""
+        left-to-right, right-to-left, seq2seq with prefix_len source tokens; UniLM), replacing the stack's mask."""
         cfg = self.config
-        decoder_input_ids = self._hf_decoder_inputs(labels, decoder_input_ids)
         if attn_kind is not None and cfg.is_encoder_decoder:
             raise LMForgeError(
                 "attn_kind (a self-attention kind per row) applies to one-stack models, not encoder-decoders"
@@ -320,10 +275,9 @@ class Transformer(HFSurface, nn.Module):
         if use_cache and cache is None:
             cache = KVCache(cfg.decoder_layers if cfg.is_encoder_decoder else cfg.n_layers)
         if cfg.position_scheme.recurrent:
-            out = self._forward_xl(
+            return self._forward_xl(
                 input_ids, attention_mask, token_type_ids, cache, xl, output_hidden_states, return_logits
             )
-            return self._with_loss(out, labels, num_items_in_batch)
         enc = pooled = None
         # MTP's parallel heads read the trunk's output z, the input of the stack's last block (models/mtp.py).
         hidden = [] if output_hidden_states or mtp else None
@@ -371,5 +325,4 @@ class Transformer(HFSurface, nn.Module):
         extra = self.mtp(self, h, hidden[-2], input_ids, attention_mask) if mtp else None
         hs = tuple(hidden) if output_hidden_states else None
         enc_hs = tuple(enc_hidden) if enc_hidden else None
-        out = ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra, hs, enc_hs)
-        return self._with_loss(out, labels, num_items_in_batch)
+        return ModelOutput(h, logits, cache, enc, pooled, rtd, nsp, extra, hs, enc_hs)

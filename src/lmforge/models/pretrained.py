@@ -5,7 +5,6 @@ dir, with what models/ and the ground floor know: `Transformer.from_pretrained` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -14,10 +13,8 @@ from lmforge.checkpoint.read import export_module, load_weights, read_config
 from lmforge.checkpoint.verify import model_checkpoint
 from lmforge.errors import LMForgeError
 from lmforge.models.hf import import_hf, is_hf_dir
+from lmforge.models.model import TransformerCore
 from lmforge.models.presets import model_config_from_dict
-
-if TYPE_CHECKING:  # model.py's Transformer reads itself back through this module; it only names the type
-    from lmforge.models.model import Transformer
 
 
 def is_hf_only(path: Path) -> bool:
@@ -34,14 +31,15 @@ def find_pretrained(path: Path) -> tuple[Path, dict | None]:
     return c, read_config(c)
 
 
-def read_pretrained(c: Path, cfg: dict | None, model_class: type[Transformer]) -> Transformer:
+def read_pretrained(c: Path, cfg: dict | None, model_class: type[TransformerCore]) -> TransformerCore:
     """The model `find_pretrained` found in `c` (a pretrained run's: a fine-tuned run's config describes its
-    backbone and task instead), a `model_class` built from the config's model section, or the Transformer
-    `import_hf` builds from a Hugging Face dir (cfg None). A run that trains several networks (ELECTRA's generator
-    and discriminator, PPO's policy and value function) gives the one its config's model section describes
-    (`export_module`); the other networks' weights stay in the checkpoint."""
+    backbone and task instead), a `model_class` built from the config's model section or, by `import_hf`, from a
+    Hugging Face dir (cfg None); the callers pass `lmforge.models.Transformer`, which stands above this module. A
+    run that trains several networks (ELECTRA's generator and discriminator, PPO's policy and value function) gives
+    the one its config's model section describes (`export_module`); the other networks' weights stay in the
+    checkpoint."""
     if cfg is None:
-        return import_hf(c)
+        return import_hf(c, model_class)
     if "model" not in cfg:
         raise LMForgeError(f"{c}/config.yaml has no model section")
     model = model_class(model_config_from_dict(cfg["model"]))

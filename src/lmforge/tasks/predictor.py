@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
-from lmforge.models.model import Transformer
+from lmforge.models import Transformer
 from lmforge.tasks.inputs import batches, collate
 from lmforge.tasks.model import TaskModel
 from lmforge.tasks.sequence import SequenceTask

@@ -15,7 +15,7 @@ from lmforge.errors import LMForgeError
 from lmforge.files import load_torch_file, loads_json
 from lmforge.models.config import ModelConfig
 from lmforge.models.hf.base import Converter, StateDict, converter_for, converter_of
-from lmforge.models.model import Transformer
+from lmforge.models.model import TransformerCore
 from lmforge.progress import status
 
 HF_CONFIG = "config.json"
@@ -104,8 +104,10 @@ def load_converted(model: nn.Module, sd: StateDict) -> None:
     model.load_state_dict(sd)
 
 
-def import_hf(hf_dir: str | Path) -> Transformer:
-    """A Transformer (float32, eval mode) with the weights of a Hugging Face model dir."""
+def import_hf(hf_dir: str | Path, model_class: type[TransformerCore] = TransformerCore) -> TransformerCore:
+    """A `model_class` (float32, eval mode) with the weights of a Hugging Face model dir: `Transformer.from_pretrained`
+    and `lmforge.load` pass `lmforge.models.Transformer` (this module stands below it); the network alone by
+    default."""
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     conv = converter_for(hf["model_type"])
@@ -115,7 +117,7 @@ def import_hf(hf_dir: str | Path) -> Transformer:
     except KeyError as e:
         raise LMForgeError(f"{hf_dir / HF_CONFIG} lacks the field {e} that {conv.model_type} needs") from e
     cfg = replace(cfg, name=hf_dir.resolve().name or cfg.name)
-    model = Transformer(cfg)
+    model = model_class(cfg)
     ours = {k: v.float() if v.is_floating_point() else v for k, v in conv.state_from_hf(sd, cfg).items()}
     # Tied and shared tensors appear under every name in our state dict.
     for name, alias in _aliases(model).items():

@@ -1,13 +1,19 @@
-"""The Hugging Face-shaped surface of `Transformer`: `generate`, `save_pretrained` / `from_pretrained`, `labels=`
-returning a loss, and outputs indexable as `transformers` ModelOutputs (`out[0]`, `out["loss"]`).
+"""`Transformer`, the model users build and load: models/model.py's network (`TransformerCore`) with the Hugging
+Face-shaped surface added: `generate`, `save_pretrained` / `from_pretrained`, `labels=` returning a loss, and the
+training habits of hf_training.py (`generation_config`, `resize_token_embeddings`, activation checkpointing).
+
+The surface stands beside the network, a module above it, not mixed into it: the network imports none of what the
+surface reads and writes (generation, checkpoints, Hugging Face conversion), and those read and write a
+`TransformerCore`, building the class they are given (`read_pretrained`, `import_hf`). Every model lmforge builds
+or loads is a `Transformer`, so every documented call keeps working on whatever `lmforge.load`, `from_pretrained`
+or a run returns.
 
 It is a thin layer over lmforge's own code, which stays the way in: generation is `models/generate.py` (sampling,
-beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (written by `checkpoint_write.py`,
+beam search, static-cache decoding), checkpoints are lmforge checkpoint dirs (written by `checkpoint/write.py`,
 read back by `models/pretrained.py`, which `lmforge.load` reads through too), and the loss of `labels=` is the LM
-head's cross-entropy the objectives use (`lm_head.py`). The model's own forward stays loss-free: the loss is added
-here, after it, only when labels are given. Nothing here reaches above models/: a fine-tuned run, whose task head
-lives in tasks/, is read with `lmforge.load`. The training habits (`generation_config`, `resize_token_embeddings`,
-activation checkpointing) are `hf_training.py`'s."""
+head's cross-entropy the objectives use (`lm_head.py`). The network's own forward stays loss-free: the loss is
+added here, after it, only when labels are given. Nothing here reaches above models/: a fine-tuned run, whose task
+head lives in tasks/, is read with `lmforge.load`."""
 
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ from lmforge.checkpoint.layout import MANIFEST_FILE
 from lmforge.checkpoint.read import is_finetuned
 from lmforge.checkpoint.write import write_failure, write_model_files
 from lmforge.errors import LMForgeError
+from lmforge.models.generate import generate as generate_tokens
+from lmforge.models.hf import export_hf
 from lmforge.models.hf_training import (
     IGNORE_INDEX,
     HFTrainingSurface,
@@ -31,9 +39,11 @@ from lmforge.models.hf_training import (
     read_generation_config,
     shift_right,
 )
+from lmforge.models.layers import KVCache
 from lmforge.models.lm_head import cross_entropy
-
-__all__ = ["IGNORE_INDEX", "HFOutputMixin", "HFSurface", "labels_loss", "shift_right"]
+from lmforge.models.model import TransformerCore
+from lmforge.models.output import ModelOutput
+from lmforge.models.pretrained import find_pretrained, read_pretrained
 
 _GENERATE_ARGS = (
     "input_ids, attention_mask, max_new_tokens, max_length, do_sample, temperature, top_k, top_p, num_beams, "
@@ -45,47 +55,6 @@ _GENERATE_ARGS = (
 def _one_line_kwargs(what: str, unsupported: dict, supported: str) -> LMForgeError:
     names = ", ".join(sorted(unsupported))
     return LMForgeError(f"{what} does not support {names} (it takes: {supported})")
-
-
-class HFOutputMixin:
-    """Read a dataclass output as `transformers` reads a ModelOutput: by key (`out["loss"]`), by position over
-    the fields that are set (`out[0]` is the loss when labels were given, else the logits), or as `to_tuple()`.
-
-    The positional view is Hugging Face's: loss, then logits, then the other set tensors in field order. The last
-    hidden state is left out of it when there are logits (as a `...ForCausalLM` output has none), and the KV cache
-    is never in it (it is not a tensor); both stay attributes."""
-
-    def _hf_fields(self) -> list[tuple[str, Any]]:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-        order = ["loss", "logits"] + [k for k in values if k not in ("loss", "logits")]
-        skip = {"cache"} | ({"last_hidden_state"} if values.get("logits") is not None else set())
-        return [(k, values[k]) for k in order if k not in skip and values[k] is not None]
-
-    def keys(self) -> list[str]:
-        return [k for k, _ in self._hf_fields()]
-
-    def values(self) -> list[Any]:
-        return [v for _, v in self._hf_fields()]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return self._hf_fields()
-
-    def to_tuple(self) -> tuple:
-        return tuple(self.values())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.keys()
-
-    def __iter__(self):
-        return iter(self.keys())  # as a ModelOutput (an OrderedDict) iterates its keys
-
-    def __getitem__(self, key: int | slice | str) -> Any:
-        if isinstance(key, str):
-            fields = dict(self._hf_fields())
-            if key not in fields:
-                raise KeyError(f"{key!r} is not set in this output (set: {', '.join(fields) or 'none'})")
-            return fields[key]
-        return self.to_tuple()[key]
 
 
 def labels_loss(model, out, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
@@ -144,8 +113,10 @@ def _pad_after_eos(out: Tensor, start: int, eos_id: int | None, pad_id: int | No
     return torch.cat([out[:, :start], new.masked_fill(after, pad_id)], dim=1)
 
 
-class HFSurface(HFTrainingSurface):
-    """Hugging Face-shaped methods of `Transformer` (mixed into it); see the module docstring and hf_training.py's."""
+class Transformer(HFTrainingSurface, TransformerCore):
+    """A decoder, encoder or encoder-decoder transformer, chosen by `ModelConfig.arch` (models/model.py's network),
+    with the Hugging Face-shaped methods: generate, save_pretrained / from_pretrained, `labels=` on forward and the
+    training habits of hf_training.py. Every model lmforge builds or loads is one."""
 
     main_input_name = "input_ids"
     accepts_loss_kwargs = True
@@ -187,7 +158,44 @@ class HFSurface(HFTrainingSurface):
             return decoder_input_ids
         return shift_right(labels, cfg.decoder_start_id, cfg.pad_id)
 
-    def _with_loss(self, out, labels: Tensor | None, num_items_in_batch: int | Tensor | None):
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        encoder_hidden_states: Tensor | None = None,
+        prefix_len: Tensor | int | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+        return_logits: bool = True,
+        mtp: bool = False,
+        output_hidden_states: bool = False,
+        mems: list[Tensor] | None = None,
+        use_mems: bool = False,
+        mem_len: int | None = None,
+        perm_mask: Tensor | None = None,
+        query_positions: Tensor | None = None,
+        attn_kind: Tensor | None = None,
+        labels: Tensor | None = None,
+        num_items_in_batch: int | Tensor | None = None,
+    ) -> ModelOutput:
+        """The network's forward (`TransformerCore.forward`, whose arguments these are; named here for
+        `transformers.Trainer`, which keeps the batch columns a forward names), and, as a `transformers` model takes
+        them, labels (B, T), -100 where ignored: their loss is returned too (ModelOutput.loss; next-token for
+        decoders, `labels_loss`), and an encoder-decoder without decoder_input_ids decodes the labels shifted
+        right. num_items_in_batch: see `labels_loss`."""
+        out = super().forward(
+            input_ids, attention_mask, token_type_ids=token_type_ids, position_ids=position_ids,
+            decoder_input_ids=self._hf_decoder_inputs(labels, decoder_input_ids),
+            decoder_attention_mask=decoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
+            prefix_len=prefix_len, cache=cache, use_cache=use_cache, return_logits=return_logits, mtp=mtp,
+            output_hidden_states=output_hidden_states, mems=mems, use_mems=use_mems, mem_len=mem_len,
+            perm_mask=perm_mask, query_positions=query_positions, attn_kind=attn_kind,
+        )  # fmt: skip
         if labels is not None:
             out.loss = labels_loss(self, out, labels, num_items_in_batch)
         return out
@@ -247,10 +255,8 @@ class HFSurface(HFTrainingSurface):
             input_ids = input_ids.repeat_interleave(n_return, dim=0)
             if attention_mask is not None:
                 attention_mask = attention_mask.repeat_interleave(n_return, dim=0)
-        from lmforge.models.generate import generate  # generate.py imports this module's Transformer
-
         eos = _eos_id(o["eos_token_id"])
-        out = generate(
+        out = generate_tokens(
             self, input_ids, attention_mask,
             max_new_tokens=_max_new_tokens(self.config, input_ids, o["max_new_tokens"], o["max_length"]),  # type: ignore[attr-defined]
             temperature=temperature if do_sample else 0.0, top_k=o["top_k"] if do_sample else None,
@@ -297,8 +303,6 @@ class HFSurface(HFTrainingSurface):
         if format == "hf":
             if state_dict is not None:
                 raise LMForgeError("save_pretrained(format='hf') converts the model itself: state_dict= does not apply")
-            from lmforge.models.hf import export_hf
-
             export_hf(self, out, tokenizer)
         else:
             _save_lmforge(self, out, tokenizer, state_dict)
@@ -324,8 +328,6 @@ class HFSurface(HFTrainingSurface):
             dtype = unsupported.pop("torch_dtype")
         if unsupported:
             raise _one_line_kwargs("from_pretrained()", unsupported, "path, device, dtype (torch_dtype)")
-        from lmforge.models.pretrained import find_pretrained, read_pretrained  # its models/hf imports Transformer
-
         path = Path(pretrained_model_name_or_path)
         if not path.exists():
             raise LMForgeError(f"{path} does not exist (from_pretrained reads local lmforge and Hugging Face dirs)")
