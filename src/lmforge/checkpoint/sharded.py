@@ -11,7 +11,7 @@ meanwhile keeps its previous one.
 
 `torch.distributed.checkpoint` (0.6 s to import) is imported by the functions that use it, so that a run with plain
 checkpoints never pays for it. The ranks are described by any object with `enabled`, `is_main`, `rank` and
-`world_size` (train/distributed.py's `Ranks`), so that this package stays below the training machinery."""
+`world_size` (train/distributed.py's `DistInfo`), so that this package stays below the training machinery."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from lmforge.files import hash_file, os_reason
 
 
 class Ranks(Protocol):
-    """The processes of a run, as train/distributed.py's `Ranks` describes them."""
+    """The processes of a run, as train/distributed.py's `DistInfo` describes them."""
 
     enabled: bool
     rank: int
