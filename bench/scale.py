@@ -74,7 +74,8 @@ def prepared_corpus(args: argparse.Namespace) -> tuple[Path, Path]:
         if not args.tokenizer:
             sys.exit("error: --data needs --tokenizer")
         return args.tokenizer, args.data
-    from lmforge.data import load_default_corpus, prepare
+    from lmforge.data.corpus.bundled import load_default_corpus
+    from lmforge.data.corpus.prepare import prepare
     from lmforge.tokenizers import Tokenizer, train_tokenizer
 
     d = args.work / "corpus"

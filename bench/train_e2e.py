@@ -242,7 +242,7 @@ def lmforge_val_loss(run: Path, windows: list[torch.Tensor]) -> float:
 
 
 def time_to_loss(a, work: Path) -> dict:
-    from lmforge.data import TokenLoader
+    from lmforge.data.corpus.loader import TokenLoader
 
     seq = a.seq or 1024
     a.windows = list(TokenLoader(a.data, "val", seq_len=seq, batch_size=16).eval_batches(a.val_batches))

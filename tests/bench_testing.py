@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lmforge.data import load_default_corpus
+from lmforge.data.corpus.bundled import load_default_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,7 +31,7 @@ def prepared_docs(tmp_path_factory) -> Callable[[int], tuple[Path, Path]]:
 def parity_corpus(tmp_path_factory) -> Path:
     """A few dozen short documents of the bundled corpus (enough for a 512-token tokenizer): the training-parity
     harness's tests."""
-    from lmforge.data import load_default_corpus
+    from lmforge.data.corpus.bundled import load_default_corpus
 
     text = " ".join(load_default_corpus()[:2])[:60_000]
     path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tokenizer_corpus import AUSTEN, GETTYSBURG
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.models import Transformer, get_preset
 from lmforge.tokenizers import Tokenizer, train_tokenizer
 
@@ -63,7 +63,7 @@ def sentiment(n: int, seed: int = 0) -> Dataset:
 
 def write_labelled_dir(root: Path, splits: dict[str, Dataset]) -> Path:
     """A labelled-set dir (meta.json + split.jsonl) that `data.source=dir` reads."""
-    from lmforge.data.labelled_readers import example_to_dict
+    from lmforge.data.labelled.readers import example_to_dict
 
     root.mkdir(parents=True, exist_ok=True)
     labels = next(iter(splits.values())).labels

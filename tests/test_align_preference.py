@@ -32,7 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def corpus_tokenizer():
-    from lmforge.data.corpus import load_default_corpus
+    from lmforge.data.corpus.bundled import load_default_corpus
     from lmforge.tokenizers import train_tokenizer
 
     return train_tokenizer(load_default_corpus()[::10], "bpe", 1000, family="gpt")

@@ -150,7 +150,7 @@ def test_malformed_preference_lines(tmp_path):
 
 
 def test_sentiment_sets_come_from_the_bundled_labels():
-    from lmforge.data.labelled_readers import load_bundled
+    from lmforge.data.labelled.readers import load_bundled
 
     ds = load_bundled("sentiment")["dev"]
     convs = sentiment_instructions("dev", 50)
@@ -162,7 +162,7 @@ def test_sentiment_sets_come_from_the_bundled_labels():
 
 
 def test_continuation_pairs_take_true_and_foreign_continuations():
-    from lmforge.data.corpus import load_default_records
+    from lmforge.data.corpus.bundled import load_default_records
 
     texts = {r["source"]: " ".join(r["text"].split()) for r in load_default_records()}
     pairs = continuation_preferences("dev", 40, prompt_words=20, response_words=8)

@@ -16,7 +16,7 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.data.parallel_text import read_parallel
+from lmforge.data.labelled.parallel_text import read_parallel
 from lmforge.errors import LMForgeError
 from lmforge.tasks.bart_mt import BartMT, BartMTOptions
 from lmforge.tasks.config import FtTrainConfig

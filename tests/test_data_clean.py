@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from lmforge.data.c4_dedup import Deduplicator
-from lmforge.data.c4_rules import count_sentences, split_sentences
-from lmforge.data.clean import CleanConfig, Cleaner, word_ngrams
-from lmforge.data.minhash import MinHasher
+from lmforge.data.corpus.c4_dedup import Deduplicator
+from lmforge.data.corpus.c4_rules import count_sentences, split_sentences
+from lmforge.data.corpus.clean import CleanConfig, Cleaner
+from lmforge.data.fetch.minhash import MinHasher
+from lmforge.data.ngrams import word_ngrams
 
 
 def _words(n: int, seed: int) -> list[str]:

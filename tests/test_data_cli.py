@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lmforge.cli.data import cmd_fetch, cmd_prepare
-from lmforge.data import TokenLoader, unigram_cross_entropy
-from lmforge.data.c4_filters import missing_packages
+from lmforge.data.corpus.c4_filters import missing_packages
+from lmforge.data.corpus.loader import TokenLoader, unigram_cross_entropy
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers import Tokenizer, train_tokenizer
 
@@ -108,6 +108,7 @@ def test_cmd_fetch_prints_location(
     def fake_fetch(name: str) -> Path:
         return tmp_path / "data" / name
 
-    monkeypatch.setattr(importlib.import_module("lmforge.data.fetch"), "fetch", fake_fetch)  # the module, not fetch()
+    build = importlib.import_module("lmforge.data.fetch.build")
+    monkeypatch.setattr(build, "fetch", fake_fetch)  # the module, not fetch()
     assert cmd_fetch("sotu") == tmp_path / "data" / "sotu"
     assert capsys.readouterr().out.startswith(f"sotu: {tmp_path / 'data' / 'sotu' / 'docs.jsonl'}")

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data import fetch, packages
-from lmforge.data.bible import translation_pairs
-from lmforge.data.corpora import (
+from lmforge.data.fetch import packages
+from lmforge.data.fetch.bible import translation_pairs
+from lmforge.data.fetch.build import FETCHERS, built_size, catalogue, fetch, format_catalogue
+from lmforge.data.fetch.corpora import (
     brown_records,
     chatterbot_records,
     detokenize,
@@ -31,11 +32,10 @@ from lmforge.data.corpora import (
     oanc_records,
     speech_records,
 )
-from lmforge.data.fetch import FETCHERS, built_size, catalogue, format_catalogue
-from lmforge.data.labelled_readers import load_fetched
-from lmforge.data.mix import ParagraphDeduper, mix_records
-from lmforge.data.sets import aclsum_set, drug_review_set
-from lmforge.data.tagged import brown_pos_set, oanc_pos_set
+from lmforge.data.fetch.mix import ParagraphDeduper, mix_records
+from lmforge.data.fetch.sets import aclsum_set, drug_review_set
+from lmforge.data.fetch.tagged import brown_pos_set, oanc_pos_set
+from lmforge.data.labelled.readers import load_fetched
 from lmforge.errors import LMForgeError
 
 
@@ -208,10 +208,10 @@ def test_all_english_mixes_every_english_corpus(tmp_path: Path, monkeypatch: pyt
         (d / "docs.jsonl").write_text(json.dumps({"text": f"Text of {name}.\n\nShared.", "source": "x"}) + "\n")
         return d
 
-    from lmforge.data import fetch as fetch_module_attr  # the function; its module holds `fetch`
+    from lmforge.data.fetch.build import fetch as fetch_module_attr  # the function; its module holds `fetch`
 
     real_fetch = fetch_module_attr
-    monkeypatch.setattr(sys.modules["lmforge.data.fetch"], "fetch", fake_fetch)
+    monkeypatch.setattr(sys.modules["lmforge.data.fetch.build"], "fetch", fake_fetch)
     out = fake_fetch("all-english", tmp_path / "cache")
     assert built == english
     docs = [json.loads(x) for x in (out / "docs.jsonl").read_text().splitlines()]

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data import fetch, list_fetchers, packages, read_documents
-from lmforge.data.clean import word_ngrams
-from lmforge.data.sources import (
+from lmforge.data.corpus.readers import read_documents
+from lmforge.data.fetch import packages
+from lmforge.data.fetch.build import fetch, list_fetchers
+from lmforge.data.fetch.sources import (
     detokenize_sentence,
     dictd_records,
     movie_review_records,
@@ -25,6 +26,7 @@ from lmforge.data.sources import (
     sotu_records,
     split_chapters,
 )
+from lmforge.data.ngrams import word_ngrams
 from lmforge.errors import LMForgeError
 
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmforge.data import TokenLoader, unigram_cross_entropy
-from lmforge.data.loader import take_rows
+from lmforge.data.corpus.loader import TokenLoader, take_rows, unigram_cross_entropy
 from lmforge.errors import LMForgeError
 
 SEQ = 8

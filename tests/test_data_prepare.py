@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lmforge.data import load_default_corpus, load_default_records, prepare
-from lmforge.data.c4_filters import missing_packages
-from lmforge.data.prepare import pack_with_eos
+from lmforge.data.corpus.bundled import load_default_corpus, load_default_records
+from lmforge.data.corpus.c4_filters import missing_packages
+from lmforge.data.corpus.prepare import pack_with_eos, prepare
 from lmforge.errors import LMForgeError
 
 DOCS = [f"Document {i}: the {'quick brown fox ' * (i % 4 + 1)}jumps over {i} lazy dogs. Café ” ok!" for i in range(40)]

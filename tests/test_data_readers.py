@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lmforge.data.readers import decode_counting, read_documents
+from lmforge.data.corpus.readers import decode_counting, read_documents
 from lmforge.errors import LMForgeError
 
 
@@ -187,7 +187,7 @@ def test_errors_beyond_the_sniffed_head(tmp_path: Path) -> None:
 
 
 def test_a_large_text_file_is_a_corpus_of_paragraph_documents(tmp_path):
-    from lmforge.data.readers import DOC_CHARS, split_text
+    from lmforge.data.corpus.readers import DOC_CHARS, split_text
 
     para = "It was a dark and stormy night; the rain fell in torrents. " * 40  # ~2.4k characters
     text = "\n\n".join(f"{i}. {para}" for i in range(60))  # ~150k characters, 60 paragraphs

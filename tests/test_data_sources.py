@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_data_prepare import DOCS, HFStandIn
 
-from lmforge.data import prepare
-from lmforge.data.readers import read_documents
+from lmforge.data.corpus.prepare import prepare
+from lmforge.data.corpus.readers import read_documents
 from lmforge.errors import LMForgeError
 
 datasets = pytest.importorskip("datasets")
@@ -84,7 +84,7 @@ _CHILD = """
 import json, sys
 from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers
-from lmforge.data import prepare
+from lmforge.data.corpus.prepare import prepare
 def kb(key):  # this process's own figures (ru_maxrss would carry the forking parent's peak across exec)
     return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
 words = [f"w{i}" for i in range(200)]

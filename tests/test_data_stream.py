@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmforge.data import StreamLoader
+from lmforge.data.corpus.stream import StreamLoader
 from lmforge.errors import LMForgeError
 
 N = 5000

@@ -8,10 +8,10 @@ import io
 import tarfile
 from pathlib import Path
 
-from lmforge.data.corpora import GENSIM_DATA, WIKI_MEMBER, lee_records, wikipedia_records
-from lmforge.data.debian_text import fortune_records, handbook_records, html_paragraphs
-from lmforge.data.sources import source_records
-from lmforge.data.wikitext import dump_articles, wikitext_to_text
+from lmforge.data.fetch.corpora import GENSIM_DATA, WIKI_MEMBER, lee_records, wikipedia_records
+from lmforge.data.fetch.debian_text import fortune_records, handbook_records, html_paragraphs
+from lmforge.data.fetch.sources import source_records
+from lmforge.data.fetch.wikitext import dump_articles, wikitext_to_text
 
 WIKITEXT = (
     "{{Redirect|X}}{{Infobox|a={{nested|b}}}}\n"

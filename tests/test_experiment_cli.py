@@ -12,7 +12,7 @@ import pytest
 from training_testing import write_docs
 
 from lmforge.cli import main
-from lmforge.data.labelled_readers import load_bundled
+from lmforge.data.labelled.readers import load_bundled
 from lmforge.eval.baselines import classification_baselines
 
 PNG = b"\x89PNG\r\n\x1a\n"

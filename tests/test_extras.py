@@ -72,7 +72,7 @@ def test_without_matplotlib_a_run_skips_its_plots_with_one_note(monkeypatch, tmp
 
 
 def test_parquet_input_without_pyarrow_is_one_line(monkeypatch, tmp_path):
-    from lmforge.data.readers import read_documents
+    from lmforge.data.corpus.readers import read_documents
 
     path = tmp_path / "corpus.parquet"
     path.write_bytes(b"PAR1")
@@ -110,7 +110,8 @@ def test_the_readme_extras_table_and_pip_commands_are_pyprojects():
 
 
 def test_the_austen_fetch_without_rdata_is_refused_before_its_download(monkeypatch, tmp_path):
-    from lmforge.data import fetch, packages
+    from lmforge.data.fetch import packages
+    from lmforge.data.fetch.build import fetch
 
     def download(*a, **k):
         raise AssertionError("downloaded although rdata is missing")

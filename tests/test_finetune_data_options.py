@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig, load_finetune_config
 from lmforge.tasks.data import data_label, load_splits

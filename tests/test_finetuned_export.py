@@ -19,7 +19,7 @@ from transformers import (
 
 import lmforge
 from lmforge.cli import main
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.loading import load_finetuned
 from lmforge.registry import TASKS

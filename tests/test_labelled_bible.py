@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data.bible import (
+from lmforge.data.fetch.bible import (
     KJV_BOOKS,
     MAX_LENGTH_RATIO,
     chapter_records,

@@ -10,7 +10,7 @@ import torch
 import lmforge
 from lmforge.adapt.lora import LoRALinear
 from lmforge.cli import main
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.loading import load_finetuned
 from lmforge.models import Transformer

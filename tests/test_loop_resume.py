@@ -16,7 +16,7 @@ import pytest
 import tasks_testing as T
 from training_testing import restore_torch_globals
 
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
 
 pytestmark = pytest.mark.slow
 PAUSING_CLI = Path(__file__).with_name("pausing_cli.py")

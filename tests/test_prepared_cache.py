@@ -1,5 +1,5 @@
-"""Token shards cached by content (data/prepared_cache.py): a run that prepares the same files with the same tokenizer
-and settings reuses the shards; other bytes or other settings prepare again; the cache can be turned off."""
+"""Token shards cached by content (data/corpus/prepared_cache.py): a run that prepares the same files with the same
+tokenizer and settings reuses the shards; other bytes or other settings prepare again; the cache can be turned off."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from training_testing import run_main, write_docs
 
-from lmforge.data import prepared_cache
+from lmforge.data.corpus import prepared_cache
 
 
 @pytest.fixture

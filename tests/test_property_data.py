@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from lmforge.data import TokenLoader, prepare, read_documents
-from lmforge.data.prepare import pack_with_eos, split_documents
-from lmforge.data.readers import decode_counting
+from lmforge.data.corpus.loader import TokenLoader
+from lmforge.data.corpus.prepare import pack_with_eos, prepare, split_documents
+from lmforge.data.corpus.readers import decode_counting, read_documents
 from lmforge.errors import LMForgeError
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data.examples import Example
-from lmforge.data.labelled_readers import (
+from lmforge.data.labelled.examples import Example
+from lmforge.data.labelled.readers import (
     CONLL_NER_LABELS,
     bundled_names,
     example_from_dict,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data.glue import GLUE_TASKS, glue_metrics, glue_task, read_glue, read_superglue
+from lmforge.data.labelled.glue import GLUE_TASKS, glue_metrics, glue_task, read_glue, read_superglue
 from lmforge.errors import LMForgeError
 
 FIX = Path(__file__).parent / "fixtures"

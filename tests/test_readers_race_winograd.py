@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.data.glue import read_superglue
-from lmforge.data.winograd import as_referent, read_dpr, read_wsc_xml
+from lmforge.data.labelled.glue import read_superglue
+from lmforge.data.labelled.winograd import as_referent, read_dpr, read_wsc_xml
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig
 from lmforge.tasks.data import load_splits

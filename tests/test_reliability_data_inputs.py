@@ -20,10 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmforge.cli import main
-from lmforge.data import load_default_corpus, readers
-from lmforge.data.labelled_readers import read_table
-from lmforge.data.prepare import _SplitWriter
-from lmforge.data.readers import read_documents
+from lmforge.data.corpus import readers
+from lmforge.data.corpus.bundled import load_default_corpus
+from lmforge.data.corpus.prepare import _SplitWriter
+from lmforge.data.corpus.readers import read_documents
+from lmforge.data.labelled.readers import read_table
 from lmforge.errors import LMForgeError
 from lmforge.tokenizers import train_tokenizer
 
@@ -187,7 +188,7 @@ def test_a_csv_record_is_numbered_by_the_line_it_starts_on_in_both_readers(tmp_p
 
 _PAUSED_PREPARE = """
 import sys, time
-from lmforge.data.prepare import _SplitWriter
+from lmforge.data.corpus.prepare import _SplitWriter
 write = _SplitWriter.write
 def paused(self, *args):
     write(self, *args)

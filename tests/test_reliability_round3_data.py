@@ -21,7 +21,7 @@ from test_reliability_data_inputs import _PAUSED_PREPARE, TEXTS, jsonl, run_cli,
 from training_testing import write_docs
 
 from lmforge.cli import main
-from lmforge.data import prepared_cache
+from lmforge.data.corpus import prepared_cache
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 TINY = ["--model.preset=gpt-tiny", "--train.batch_size=2", "--train.seq_len=32", "--train.eval_batches=1"]
@@ -50,7 +50,7 @@ def caches(tmp_path: Path, monkeypatch) -> Path:
 
 _HELD_PREPARE = """
 import importlib, pathlib, sys, time
-prepare = importlib.import_module("lmforge.data.prepare")
+prepare = importlib.import_module("lmforge.data.corpus.prepare")
 tokenize = prepare._tokenize_into
 def held(*args):
     print("tokenizing", flush=True)

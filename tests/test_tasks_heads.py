@@ -5,7 +5,7 @@ import tasks_testing as T
 import torch
 import torch.nn.functional as F
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.registry import TASKS
 from lmforge.tasks.heads import SequenceHead, SpanHead, TokenHead
 from lmforge.tasks.inputs import collate

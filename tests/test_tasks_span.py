@@ -6,7 +6,7 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.registry import TASKS
 from lmforge.tasks.span_qa import best_spans, char_to_token_span, max_context, windows
 

@@ -4,7 +4,7 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.tagging import bio_entities, entity_scores, first_subtokens

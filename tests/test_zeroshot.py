@@ -5,7 +5,7 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.fewshot import PromptClassify, PromptGenerate, PromptOptions, build_prompt, sample_demos
 from lmforge.eval.lm import LM, rolling_windows, split_trailing_space

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tasks_testing as T
 
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import Scored
 from lmforge.eval.zeroshot import Choice, ChoiceOptions, Winograd, WinogradOptions, load_prompt_config

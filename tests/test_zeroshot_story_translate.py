@@ -16,7 +16,7 @@ import pytest
 import tasks_testing as T
 import torch
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.eval.translate_prompt import Translate

@@ -83,7 +83,7 @@ TRICKY = (
 
 def bundled_text() -> str:
     """Several KB of real English: the opening of the bundled corpus's first Austen chapter and a Shakespeare play."""
-    from lmforge.data import load_default_corpus
+    from lmforge.data.corpus.bundled import load_default_corpus
 
     docs = load_default_corpus()
     return docs[0][:6000] + "\n\n" + docs[-1][:6000]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from lmforge.data import load_default_corpus, prepare
+from lmforge.data.corpus.bundled import load_default_corpus
+from lmforge.data.corpus.prepare import prepare
 from lmforge.tokenizers import train_tokenizer
 
 

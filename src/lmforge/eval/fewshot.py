@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lmforge.config.types import Seed
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.registry import EVALS

@@ -5,8 +5,8 @@ The paper evaluates its WikiText-103 base model on segments of 64 tokens with 64
 clamped at 400 (model.clamp_len); mem_len = 0 gives the vanilla model's segment-by-segment evaluation, every
 segment scored without context.
 
-- `evaluate_with_memory`: a prepared split's stream, cut into `batch_size` rows (data/stream.py), each scored from
-  its start;
+- `evaluate_with_memory`: a prepared split's stream, cut into `batch_size` rows (data/corpus/stream.py), each scored
+  from its start;
 - `score_documents_with_memory`: documents of any text (`lmforge eval RUN --text FILE` on a Transformer-XL run),
   each its own stream started after BOS/EOS with an empty memory, every token predicted once, as the plain
   windows of eval/text.py predict them. Documents run `batch_size` at a time, right-padded: a causal model's real
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lmforge.data.stream import StreamLoader
+from lmforge.data.corpus.stream import StreamLoader
 from lmforge.errors import LMForgeError
 from lmforge.eval.lm import LM
 from lmforge.models.pretrained import find_pretrained

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmforge.data import read_meta
-from lmforge.data.loader import open_tokens
+from lmforge.data.corpus.loader import open_tokens, read_meta
 
 
 def unigram_log_probs(data_dir: Path) -> torch.Tensor:

@@ -17,7 +17,7 @@ import math
 import os
 from pathlib import Path
 
-from lmforge.data.glue import GLUE_TASKS, task_key
+from lmforge.data.labelled.glue import GLUE_TASKS, task_key
 from lmforge.errors import LMForgeError
 from lmforge.files import loads_json
 

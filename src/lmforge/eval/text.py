@@ -123,7 +123,7 @@ def cmd_text(
     byte under the model of a run, checkpoint or Hugging Face dir. A Transformer-XL run is scored segment by segment
     with memory (`segment`, `mem_len`: default the run's validation setting), unless `stride` asks for plain windows.
     `extra`: other arguments given: --segment N and --mem-len N, the rest refused."""
-    from lmforge.data import read_documents
+    from lmforge.data.corpus.readers import read_documents
     from lmforge.loading import load
 
     segment, mem_len, extra = memory_flags(extra or [], segment, mem_len)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.eval.fewshot import GenerateOptions, PromptGenerate, build_prompt, sample_demos
 from lmforge.eval.lm import LM

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmforge.config import all_keys, build_dataclass, recipe_dict, resolve_recipe
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.eval.fewshot import FewShotOptions, demonstrations
 from lmforge.eval.lm import LM

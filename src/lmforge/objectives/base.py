@@ -51,7 +51,7 @@ class Objective:
         """An iterable of this rank's (B, T + 1) token windows with state_dict()/load_state_dict(), and for
         validation eval_global(n): global batches (the same on every rank) with the slice of rows that is the
         rank's, so that validation does not depend on the number of processes."""
-        from lmforge.data import TokenLoader
+        from lmforge.data.corpus.loader import TokenLoader
 
         t = self.cfg.train
         return TokenLoader(

@@ -59,7 +59,7 @@ class RecurrentObjective(Objective):
         return super().build_model(model_cfg)
 
     def make_loader(self, data_dir, split: str, *, rank: int = 0, world_size: int = 1):
-        from lmforge.data import StreamLoader
+        from lmforge.data.corpus.stream import StreamLoader
 
         t = self.cfg.train
         train = split == "train"

@@ -23,14 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from lmforge.data.loader import (
-    open_tokens,
-    rank_batches,
-    rank_rows,
-    read_doc_index,
-    read_meta,
-    resume_position,
-)
+from lmforge.data.corpus.loader import open_tokens, rank_batches, rank_rows, read_doc_index, read_meta, resume_position
 from lmforge.errors import LMForgeError
 
 _FINAL = set(".!?")

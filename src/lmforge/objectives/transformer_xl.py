@@ -1,8 +1,8 @@
 """Transformer-XL language modelling (Dai et al. 2019): next-token prediction over consecutive segments of the token
 stream, each attending to the cached hidden states of the previous ones (§3.2), with relative positions (§3.3).
 
-Row b of every batch continues row b of the previous batch (data/stream.py); the memory is carried from step to step
-(objectives/recurrent.py) and validation evaluates with memory over consecutive segments."""
+Row b of every batch continues row b of the previous batch (data/corpus/stream.py); the memory is carried from step to
+step (objectives/recurrent.py) and validation evaluates with memory over consecutive segments."""
 
 from __future__ import annotations
 

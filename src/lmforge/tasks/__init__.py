@@ -2,7 +2,7 @@
 `TASKS` (classification, pair_classification, regression, multiple_choice, span_qa, token_tagging, text_to_text,
 text_to_text_regression, seq2seq, multi_task, bart_mt)."""
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.registry import TASKS
 from lmforge.tasks import (  # noqa: F401  (registers the task types)
     bart_mt,

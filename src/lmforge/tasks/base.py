@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.adapt.adamix import symmetric_kl
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.tasks.inputs import Format, add_task_tokens, batches, collate, make_framer, resolve_format

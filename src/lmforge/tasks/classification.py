@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.base import TaskOptions

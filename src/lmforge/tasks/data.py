@@ -1,4 +1,4 @@
-"""The labelled splits of a fine-tuning run (`data.*` keys), read with the readers of `lmforge.data.labelled_readers`.
+"""The labelled splits of a fine-tuning run (`data.*` keys), read with the readers of `lmforge.data.labelled.readers`.
 
 Sources (`data.source`):
 - bundled: a labelled set shipped with lmforge (`data.name`, e.g. sentiment);
@@ -13,7 +13,8 @@ Sources (`data.source`):
 - race: the RACE directory (`data.dir`; `data.name` all, middle or high); wsc: the Winograd Schema Challenge's
   `WSCollection.xml` (`data.dir` holding it, or `data.test`; `data.name` wsc273 or wsc285), a test split only;
   dpr: Rahman & Ng's `train.c.txt` / `test.c.txt` (`data.dir`, or `data.train` / `data.test`); blimp: grammatical
-  minimal pairs in BLiMP's layout, one `<paradigm>.jsonl` per paradigm in `data.dir` (data/blimp.py), a test split.
+  minimal pairs in BLiMP's layout, one `<paradigm>.jsonl` per paradigm in `data.dir` (data/labelled/blimp.py), a test
+  split.
 A run without a dev split holds out the last 10% of train (deterministic) as dev.
 
 Labels of table, dir and datasets data: `data.labels` declares the label set (a label outside it is an error
@@ -27,7 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig
 
@@ -35,19 +36,19 @@ SPLITS = ("train", "dev", "test")
 
 
 def _bundled(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.labelled_readers import load_bundled
+    from lmforge.data.labelled.readers import load_bundled
 
     return dict(load_bundled(cfg.name))
 
 
 def _glue(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.glue import read_glue
+    from lmforge.data.labelled.glue import read_glue
 
     return _per_split(cfg, lambda split: read_glue(cfg.name, _need_dir(cfg), split))
 
 
 def _superglue(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.glue import read_superglue
+    from lmforge.data.labelled.glue import read_superglue
 
     return _per_split(cfg, lambda split: read_superglue(cfg.name, _need_dir(cfg), split))
 
@@ -62,19 +63,19 @@ def _files(cfg: FtDataConfig, reader: Callable[[Path], Dataset]) -> dict[str, Da
 
 
 def _squad(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.labelled_readers import read_squad
+    from lmforge.data.labelled.readers import read_squad
 
     return _files(cfg, read_squad)
 
 
 def _conll(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.labelled_readers import read_conll2003
+    from lmforge.data.labelled.readers import read_conll2003
 
     return _files(cfg, read_conll2003)
 
 
 def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.labelled_readers import read_table
+    from lmforge.data.labelled.readers import read_table
 
     label_field = None if cfg.target_field is not None else cfg.label_field  # a pair has a target, not a label
     return _files(
@@ -85,7 +86,7 @@ def _table(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 def _dir(cfg: FtDataConfig) -> dict[str, Dataset]:
     from lmforge.data.hf_datasets import is_saved_dataset
-    from lmforge.data.labelled_readers import load_labelled_dir
+    from lmforge.data.labelled.readers import load_labelled_dir
 
     if is_saved_dataset(_need_dir(cfg)):
         raise LMForgeError(f"{cfg.dir}: a save_to_disk dataset, not a labelled-set dir: use --data.source=datasets")
@@ -102,7 +103,7 @@ def _datasets(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _fetched(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.labelled_readers import load_fetched
+    from lmforge.data.labelled.readers import load_fetched
 
     return load_fetched(cfg.name)
 
@@ -116,7 +117,7 @@ def _race(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _wsc(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.winograd import read_wsc_xml
+    from lmforge.data.labelled.winograd import read_wsc_xml
 
     path = Path(cfg.test) if cfg.test is not None else _need_dir(cfg) / "WSCollection.xml"
     if cfg.name not in ("wsc273", "wsc285"):
@@ -125,7 +126,7 @@ def _wsc(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.winograd import read_dpr
+    from lmforge.data.labelled.winograd import read_dpr
 
     out = {}
     for split in ("train", "test"):
@@ -139,7 +140,7 @@ def _dpr(cfg: FtDataConfig) -> dict[str, Dataset]:
 
 
 def _blimp(cfg: FtDataConfig) -> dict[str, Dataset]:
-    from lmforge.data.blimp import read_minimal_pairs
+    from lmforge.data.labelled.blimp import read_minimal_pairs
 
     if cfg.dir is None:
         raise LMForgeError("data.source=blimp needs --data.dir (the directory of BLiMP's <paradigm>.jsonl files)")

@@ -1,17 +1,17 @@
 """Two `data.source`s read from the user's own files, registered in `tasks.data.SOURCES`:
 
-- story-cloze: the Story Cloze Test's official CSV files (data/story_cloze.py), from `data.dir` (`data.name` 2016 or
-  2018 picks the year where the directory holds both) or `data.dev` / `data.test`; no training split;
-- parallel: tab-separated sentence pairs (data/parallel_text.py) from `data.train` / `data.dev` / `data.test`, or
-  `train.tsv`, `dev.tsv`, `test.tsv` in `data.dir`. `data.text_field` and `data.target_field` are the 0-based
-  columns of the source sentence and of its translation (defaults 0 and 1; an English-first file read French →
-  English: `--data.text_field=1 --data.target_field=0`)."""
+- story-cloze: the Story Cloze Test's official CSV files (data/labelled/story_cloze.py), from `data.dir` (`data.name`
+  2016 or 2018 picks the year where the directory holds both) or `data.dev` / `data.test`; no training split;
+- parallel: tab-separated sentence pairs (data/labelled/parallel_text.py) from `data.train` / `data.dev` /
+  `data.test`, or `train.tsv`, `dev.tsv`, `test.tsv` in `data.dir`. `data.text_field` and `data.target_field` are the
+  0-based columns of the source sentence and of its translation (defaults 0 and 1; an English-first file read French
+  → English: `--data.text_field=1 --data.target_field=0`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lmforge.data.examples import Dataset
+from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.tasks.config import FtDataConfig
 from lmforge.tasks.data import SOURCES
@@ -21,7 +21,7 @@ SPLITS = ("train", "dev", "test")
 
 def story_cloze_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
     """dev and/or test of the Story Cloze Test (explicit files win over `data.dir`'s)."""
-    from lmforge.data.story_cloze import read_story_cloze, story_cloze_files
+    from lmforge.data.labelled.story_cloze import read_story_cloze, story_cloze_files
 
     if cfg.train is not None:
         raise LMForgeError("data.source=story-cloze has no training split (the test ships dev and test files only)")
@@ -50,7 +50,7 @@ def _column(value: str | None, default: int, key: str) -> int:
 
 def parallel_splits(cfg: FtDataConfig) -> dict[str, Dataset]:
     """The sentence pairs of each split given (at least one)."""
-    from lmforge.data.parallel_text import read_parallel
+    from lmforge.data.labelled.parallel_text import read_parallel
 
     src = _column(cfg.text_field, 0, "data.text_field")
     tgt = _column(cfg.target_field, 1, "data.target_field")

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmforge.data.examples import Dataset, Example
 from lmforge.data.hf_datasets import HF_PREFIX, load
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 
 SPLIT_NAMES = {"train": ("train",), "dev": ("validation", "dev", "valid"), "test": ("test",)}

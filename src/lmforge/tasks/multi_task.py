@@ -22,7 +22,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.base import Task

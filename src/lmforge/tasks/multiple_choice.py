@@ -4,7 +4,7 @@ the answers (GPT-1 §3.3: `<|start|> context <|delim|> answer_k <|extract|>` per
 
 from __future__ import annotations
 
-from lmforge.data.examples import Example
+from lmforge.data.labelled.examples import Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.heads import Combine

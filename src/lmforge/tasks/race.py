@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from lmforge.data.examples import Dataset, Example
-from lmforge.data.labelled_readers import read_json
+from lmforge.data.labelled.examples import Dataset, Example
+from lmforge.data.labelled.readers import read_json
 from lmforge.errors import LMForgeError
 
 Level = Literal["all", "middle", "high"]

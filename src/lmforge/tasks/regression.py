@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmforge.data.examples import Example
+from lmforge.data.labelled.examples import Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.base import TaskOptions

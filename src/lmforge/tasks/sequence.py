@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.tasks.base import Task

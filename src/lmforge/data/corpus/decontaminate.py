@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from lmforge.data.clean import word_ngrams
+from lmforge.data.ngrams import word_ngrams
 from lmforge.errors import LMForgeError, did_you_mean
 
 HELD_OUT_SPLITS = ("dev", "test")
@@ -24,14 +24,14 @@ _LINE_BREAK = re.compile(r"(\n)")
 def load_set(name: str) -> tuple[str, dict]:
     """(what the meta calls it, split name → Dataset) of a labelled set named or given as a directory; one
     `LMForgeError` line for an unknown name or a set not fetched yet."""
-    from lmforge.data.labelled_readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
+    from lmforge.data.labelled.readers import bundled_names, load_bundled, load_fetched, load_labelled_dir
 
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path.resolve()), load_labelled_dir(path)
     if name in bundled_names():
         return name, load_bundled(name)
-    from lmforge.data.fetch import FETCHERS, LABELLED
+    from lmforge.data.fetch.build import FETCHERS, LABELLED
 
     if name in LABELLED:
         return name, load_fetched(name)  # not fetched yet: one line naming `lmforge data fetch NAME`
@@ -46,7 +46,7 @@ class Decontaminator:
     """The held-out n-grams of `sets` and the paragraph filter; `counts` tallies what `filter` dropped."""
 
     def __init__(self, sets: Sequence[str], n: int = 8) -> None:
-        from lmforge.data.examples import example_texts
+        from lmforge.data.labelled.examples import example_texts
 
         if n < 1:
             raise LMForgeError(f"--decontaminate-n must be at least 1, got {n}")

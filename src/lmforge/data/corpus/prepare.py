@@ -27,11 +27,11 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from lmforge.data.clean import CleanConfig, Cleaner
-from lmforge.data.corpus import default_corpus_paths
-from lmforge.data.decontaminate import Decontaminator
-from lmforge.data.prepare_lock import PrepareLock, remove_stale_locks
-from lmforge.data.readers import describe_input, read_documents
+from lmforge.data.corpus.bundled import default_corpus_paths
+from lmforge.data.corpus.clean import CleanConfig, Cleaner
+from lmforge.data.corpus.decontaminate import Decontaminator
+from lmforge.data.corpus.prepare_lock import PrepareLock, remove_stale_locks
+from lmforge.data.corpus.readers import describe_input, read_documents
 from lmforge.errors import LMForgeError
 from lmforge.files import pid_alive, write_error
 
@@ -316,7 +316,8 @@ def prepare(
     """Read, optionally decontaminate and clean, split by document and tokenize ``inputs`` (None: bundled corpus)
     into ``out``. ``tokenizer_source`` (a path or a published name) is recorded in meta.json for runs that read
     ``out``. ``decontaminate`` names labelled sets (bundled, fetched, or labelled-set dirs): every paragraph sharing a
-    word ``decontaminate_n``-gram with their dev or test splits is dropped first (see `lmforge.data.decontaminate`).
+    word ``decontaminate_n``-gram with their dev or test splits is dropped first (see
+    `lmforge.data.corpus.decontaminate`).
 
     Writes to a temporary sibling directory renamed into place at the end, so ``out`` is never left
     half-prepared. Returns the contents of ``meta.json``.

@@ -44,8 +44,8 @@ def cache_key(inputs: Sequence | None, settings: dict) -> str | None:
     when the cache is off (the inputs are then not read for it)."""
     if cache_dir() is None:
         return None
-    from lmforge.data.corpus import default_corpus_paths
-    from lmforge.data.readers import resolve_sources
+    from lmforge.data.corpus.bundled import default_corpus_paths
+    from lmforge.data.corpus.readers import resolve_sources
 
     files = resolve_sources(default_corpus_paths() if inputs is None else inputs)
     if not all(isinstance(f, Path) for f in files):

@@ -126,7 +126,7 @@ def input_path(p: Path | str) -> Path:
         fetched = cache_root() / "data" / name
         if (fetched / "docs.jsonl").is_file():
             return fetched
-        from lmforge.data.fetch import list_fetchers
+        from lmforge.data.fetch.build import list_fetchers
 
         if name in list_fetchers():
             raise LMForgeError(

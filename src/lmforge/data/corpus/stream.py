@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmforge.data.loader import Split, open_tokens, rank_batches, read_meta, resume_position
+from lmforge.data.corpus.loader import Split, open_tokens, rank_batches, read_meta, resume_position
 from lmforge.errors import LMForgeError
 
 

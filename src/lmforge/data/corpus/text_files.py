@@ -17,7 +17,7 @@ from lmforge.files import loads_json
 def check_input_file(path: Path | str) -> Path:
     """``path`` as a Path (``fetched:NAME``: that corpus's docs.jsonl), or an LMForgeError when it is missing or not
     a regular file."""
-    from lmforge.data.readers import FETCHED, input_path
+    from lmforge.data.corpus.readers import FETCHED, input_path
 
     fetched = str(path).startswith(FETCHED)
     path = input_path(path)
@@ -40,8 +40,8 @@ def iter_texts(path: Path, text_field: str = "text") -> Iterator[str]:
     Bytes that are not valid UTF-8 become U+FFFD rather than stopping the run, and so do lone surrogates (an
     unpaired JSON escape such as \\ud800).
     """
-    from lmforge.data.labelled_readers import open_binary
-    from lmforge.data.readers import check_text
+    from lmforge.data.corpus.readers import check_text
+    from lmforge.data.labelled.readers import open_binary
     from lmforge.data.surrogates import replace_surrogates
 
     jsonl = [s.lower() for s in path.suffixes if s.lower() not in (".gz", ".xz", ".bz2")][-1:] == [".jsonl"]

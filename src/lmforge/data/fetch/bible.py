@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-from lmforge.data.examples import Example
-from lmforge.data.labelled import LabelledSet
+from lmforge.data.fetch.labelled_sets import LabelledSet
+from lmforge.data.labelled.examples import Example
 from lmforge.errors import LMForgeError
 
 Ref = tuple[str, int, int]  # (OSIS book, chapter, verse)

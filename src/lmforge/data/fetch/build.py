@@ -7,8 +7,9 @@ read from there (Debian packages unpacked into a temporary directory with ``dpkg
 A finished fetch is reused.
 
 Labelled sets (``LABELLED``) are fetched the same way but write ``train.jsonl``/``dev.jsonl``/``test.jsonl`` with
-``meta.json`` and ``README.md`` (see ``lmforge.data.labelled``); ``lmforge.data.labelled_readers.load_fetched(name)``
-reads them. The recipes are registered (``lmforge.data.fetchers``) in ``lmforge.data.fetch_recipes``.
+``meta.json`` and ``README.md`` (see ``lmforge.data.fetch.labelled_sets``);
+``lmforge.data.labelled.readers.load_fetched(name)`` reads them. The recipes are registered
+(``lmforge.data.fetch.fetchers``) in ``lmforge.data.fetch.recipes``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lmforge.data import (
-    fetch_recipes,  # noqa: F401  (registers the recipes)
-)
-from lmforge.data.fetchers import FETCHERS, LABELLED, Fetcher, LabelledFetcher, Records
+import lmforge.data.fetch.recipes  # noqa: F401  (registers the recipes)
+from lmforge.data.fetch.fetchers import FETCHERS, LABELLED, Fetcher, LabelledFetcher, Records
 from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.files import cache_root
 from lmforge.progress import progress, status
@@ -68,7 +67,7 @@ def fetch(name: str, cache_dir: Path | None = None, force: bool = False) -> Path
     if docs_file.is_file() and (out / "fetch.json").is_file() and not force:
         return out
     if recipe.mix_of is not None:
-        from lmforge.data.mix import mix_records
+        from lmforge.data.fetch.mix import mix_records
 
         parts = [(n, fetch(n, cache_dir)) for n in recipe.mix_of()]  # components are built (or reused) first
         build: Callable[[Path], Records] = lambda scratch: mix_records(parts)  # noqa: E731
@@ -112,7 +111,7 @@ def fetch_summary(name: str, out: Path) -> str:
 
 def _fetch_labelled(recipe: LabelledFetcher, out: Path, force: bool) -> Path:
     """Build a labelled set into a sibling temp dir, then move it into place (`out` is complete or absent)."""
-    from lmforge.data.labelled import write_labelled
+    from lmforge.data.fetch.labelled_sets import write_labelled
 
     if (out / "meta.json").is_file() and not force:
         return out

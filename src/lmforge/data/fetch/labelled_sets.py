@@ -1,8 +1,8 @@
 """Labelled sets built from registry packages: parsing, deterministic splits, and the on-disk layout.
 
 A labelled set directory holds `train.jsonl`, `dev.jsonl`, `test.jsonl` (one example per line, the fields of
-`lmforge.data.examples.Example` that are set), `meta.json` (label set, task type, counts) and `README.md`
-(origin and construction). `lmforge.data.labelled_readers.load_labelled_dir` reads it back.
+`lmforge.data.labelled.examples.Example` that are set), `meta.json` (label set, task type, counts) and `README.md`
+(origin and construction). `lmforge.data.labelled.readers.load_labelled_dir` reads it back.
 
 Splits are 80/10/10 by a hash of a *group key* per example (the movie of a review, the source package of a
 Debian description, the chapter of a verse pair), so related examples never straddle splits and adding or
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
 
-from lmforge.data.examples import Example
-from lmforge.data.labelled_readers import SPLITS, fail, write_examples
-from lmforge.data.sources import normalize_text
+from lmforge.data.fetch.sources import normalize_text
+from lmforge.data.labelled.examples import Example
+from lmforge.data.labelled.readers import SPLITS, fail, write_examples
 from lmforge.errors import LMForgeError
 
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
@@ -383,7 +383,7 @@ def apt_description_lists(
 ) -> tuple[list[Path], list[Path]]:
     """(Translation-en files, Packages files) of the apt lists: the system's when they hold Translation-en, else
     a private `apt-get update` into `scratch` with Acquire::Languages=en (the system's lists stay untouched)."""
-    from lmforge.data.packages import _run
+    from lmforge.data.fetch.packages import _run
 
     def found(root: Path) -> tuple[list[Path], list[Path]]:
         trans = sorted(p for p in root.glob("*_i18n_Translation-en*") if p.is_file())

@@ -1,6 +1,6 @@
 """MinHash signatures of word-shingle sets (Broder 1997), vectorised over shingles and hash functions: the estimated
-Jaccard similarity of two texts is the fraction of equal signature entries (``lmforge.data.mix`` finds near-duplicate
-paragraphs with it)."""
+Jaccard similarity of two texts is the fraction of equal signature entries (``lmforge.data.fetch.mix`` finds
+near-duplicate paragraphs with it)."""
 
 from __future__ import annotations
 

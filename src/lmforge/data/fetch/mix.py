@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.data.clean import MinHasher
-from lmforge.data.sources import Record
+from lmforge.data.fetch.minhash import MinHasher
+from lmforge.data.fetch.sources import Record
 from lmforge.progress import progress, status
 
 _WORD = re.compile(r"\w+")

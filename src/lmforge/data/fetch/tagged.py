@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmforge.data.corpora import brown_samples, brown_tag, oanc_sentences
-from lmforge.data.examples import Example
-from lmforge.data.labelled import LabelledSet
+from lmforge.data.fetch.corpora import brown_samples, brown_tag, oanc_sentences
+from lmforge.data.fetch.labelled_sets import LabelledSet
+from lmforge.data.labelled.examples import Example
 
 
 def _tagset(examples: list[Example]) -> list[str]:

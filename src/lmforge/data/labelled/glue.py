@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Literal
 
 from lmforge import metrics as M
-from lmforge.data.examples import Dataset, Example
-from lmforge.data.labelled_readers import check_label, fail, parse_score, read_jsonl, read_lines
-from lmforge.data.winograd import group_wsc_pairs, wsc_pair
+from lmforge.data.labelled.examples import Dataset, Example
+from lmforge.data.labelled.readers import check_label, fail, parse_score, read_jsonl, read_lines
+from lmforge.data.labelled.winograd import group_wsc_pairs, wsc_pair
 from lmforge.errors import LMForgeError
 
 COLA_COLUMNS = ("source", "label", "original_label", "sentence")
@@ -251,7 +251,7 @@ SUPERGLUE_TASKS: dict[str, SuperGlueTask] = {
     "copa": SuperGlueTask("COPA", "multiple_choice", None, ("accuracy",), _copa),
     "rte": SuperGlueTask("RTE", "classification", _NLI2, ("accuracy",), _pair("premise", "hypothesis")),
     # WSC: each line pairs the pronoun with one candidate (true/false); "wsc-choice" groups a sentence's pairs into
-    # one Winograd example whose choices are its candidates (data/winograd.py).
+    # one Winograd example whose choices are its candidates (data/labelled/winograd.py).
     "wsc": SuperGlueTask("WSC", "classification", ("False", "True"), ("accuracy",), wsc_pair, pos_label="True"),
     "wscchoice": SuperGlueTask(
         "WSC", "multiple_choice", ("False", "True"), ("accuracy",), wsc_pair, regroup=group_wsc_pairs

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmforge.data.examples import Dataset, Example
-from lmforge.data.labelled_readers import fail, read_lines
+from lmforge.data.labelled.examples import Dataset, Example
+from lmforge.data.labelled.readers import fail, read_lines
 from lmforge.errors import LMForgeError
 
 

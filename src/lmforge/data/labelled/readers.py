@@ -1,6 +1,6 @@
 """Readers for labelled data → `Dataset`: tables with a field mapping (jsonl/csv/tsv), SQuAD v1.1/v2.0 JSON,
 CoNLL-2003, Stanford Sentiment Treebank trees, SNLI/MultiNLI jsonl (GLUE/SuperGLUE task files:
-`data/glue.py`), and the labelled-set directories that `lmforge data fetch` writes and the package bundles
+`data/labelled/glue.py`), and the labelled-set directories that `lmforge data fetch` writes and the package bundles
 (`load_bundled("sentiment")`).
 
 Every malformed input raises one `LMForgeError` line that
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from lmforge.data.examples import Dataset, Example
+from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.data.surrogates import check_surrogates, lone_surrogate, surrogate_error
 from lmforge.data.tables import csv_records
 from lmforge.errors import LMForgeError
@@ -29,7 +29,7 @@ from lmforge.files import loads_json
 TaskType = Literal["classification", "regression", "multiple_choice", "span", "tagging", "text_to_text"]
 Field = str | int  # a column name, or a 0-based column index for files without a header
 
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "assets" / "labelled"
+BUNDLED_DIR = Path(__file__).resolve().parents[2] / "assets" / "labelled"
 SPLITS = ("train", "dev", "test")
 CONLL_NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 NLI_LABELS = ["entailment", "neutral", "contradiction"]

@@ -21,8 +21,8 @@ import csv
 import io
 from pathlib import Path
 
-from lmforge.data.examples import Dataset, Example
-from lmforge.data.labelled_readers import fail, open_binary
+from lmforge.data.labelled.examples import Dataset, Example
+from lmforge.data.labelled.readers import fail, open_binary
 from lmforge.errors import LMForgeError
 
 STORY = tuple(f"InputSentence{i}" for i in range(1, 5))

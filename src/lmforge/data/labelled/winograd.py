@@ -23,8 +23,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Literal
 
-from lmforge.data.examples import Dataset, Example
-from lmforge.data.labelled_readers import fail, read_lines
+from lmforge.data.labelled.examples import Dataset, Example
+from lmforge.data.labelled.readers import fail, read_lines
 from lmforge.errors import LMForgeError
 
 BLANK = "_"
