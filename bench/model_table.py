@@ -20,7 +20,7 @@ from lmforge.models import ModelConfig, Transformer
 from lmforge.models.lm_head import cross_entropy
 from lmforge.objectives import OBJECTIVES, Objective
 from lmforge.objectives.mlm import mlm_loss
-from lmforge.pretrain.config import build_config
+from lmforge.pretraining.config import build_config
 from lmforge.registry import MODELS
 from lmforge.train.metrics import flops_per_token
 

@@ -62,7 +62,7 @@ from parity_refs import n_weights, reference  # noqa: E402
 
 from lmforge.errors import LMForgeError  # noqa: E402
 from lmforge.eval.plateau import plateau  # noqa: E402
-from lmforge.pretrain.config import Config, load_config, to_dict  # noqa: E402
+from lmforge.pretraining.config import Config, load_config, to_dict  # noqa: E402
 
 IMPLS = ("lmforge", "hf", "nanogpt", "nanot5")
 NOISE_SEED = 0x7A1B  # global-generator seed of step s (plus s): ELECTRA's samples and dropout, alike on both sides
@@ -156,7 +156,7 @@ def data_key(cfg: Config) -> str:
 def shared_data(cfg: Config, out: Path):
     """(tokenizer, prepared dir) for cfg, prepared once under OUT/data/<key> (a file lock serialises processes that
     start together) with the data split of seed 0 whatever the run's seed, so every seed validates alike."""
-    from lmforge.pretrain.setup import check_inputs, check_vocab, load_or_train_tokenizer, prepare_data
+    from lmforge.pretraining.setup import check_inputs, check_vocab, load_or_train_tokenizer, prepare_data
     from lmforge.train.distributed import DistInfo
 
     check_inputs(cfg)
@@ -197,7 +197,7 @@ class Repeat:
 
 def train_batches(cfg: Config, objective, data_dir: Path, overfit: bool):
     """The batch source `lmforge pretrain` trains on (one process, rank 0), drawn on a prefetch thread."""
-    from lmforge.pretrain.run import ObjectiveBatches
+    from lmforge.pretraining.run import ObjectiveBatches
     from lmforge.train.distributed import rank_seed
     from lmforge.train.prefetch import Prefetcher
 

@@ -9,7 +9,7 @@ import tasks_testing as T
 import torch
 
 from lmforge.data.labelled.examples import Dataset
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.tasks.config import load_finetune_config
 
 

@@ -13,7 +13,7 @@ from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.data.corpus.prepare import prepare
 from lmforge.models import ModelConfig
 from lmforge.objectives import OBJECTIVES
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 from lmforge.tokenizers import Tokenizer, train_tokenizer
 
 

@@ -13,7 +13,7 @@ from lm_objective_testing import TINY_DECODER
 
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
-from lmforge.pretrain.config import TrainConfig
+from lmforge.pretraining.config import TrainConfig
 from lmforge.train.distributed import init_distributed
 from lmforge.train.loop import Loop
 from lmforge.train.loop_spec import LoopSpec, Saved

@@ -14,7 +14,7 @@ import torch
 
 from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.objectives import OBJECTIVES
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 from lmforge.tokenizers import train_tokenizer
 
 TINY_SEQ2SEQ = dict(

@@ -31,7 +31,7 @@ from lmforge.adapt import (
 )
 from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.loading import load_finetuned
 from lmforge.registry import TASKS
 from lmforge.tasks.config import load_finetune_config

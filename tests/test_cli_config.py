@@ -10,7 +10,7 @@ import yaml
 from training_testing import make_prepared, run_main
 
 from lmforge.cli import main
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
 run = run_main

@@ -16,7 +16,7 @@ from training_testing import run_main
 
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 
 pytestmark = pytest.mark.usefixtures("torch_globals")
 run = run_main

@@ -14,7 +14,7 @@ from lmforge.compress.config import load_compress_config
 from lmforge.compress.report import Row, format_table
 from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.tasks.config import load_finetune_config
 
 

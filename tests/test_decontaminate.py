@@ -136,7 +136,7 @@ def test_an_experiments_data_key_tells_a_decontaminated_corpus_and_keeps_the_pla
     from types import SimpleNamespace
 
     from lmforge.experiments.data import data_key
-    from lmforge.pretrain.config import DataConfig
+    from lmforge.pretraining.config import DataConfig
 
     def key(**kw) -> str:
         cfg = SimpleNamespace(data=DataConfig(**kw), run=SimpleNamespace(seed=0), model=SimpleNamespace(arch="decoder"))

@@ -8,8 +8,8 @@ from encoder_testing import objective, prepared, tokenizer
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives import masking as M
-from lmforge.pretrain.config import load_config
-from lmforge.pretrain.run import ObjectiveBatches
+from lmforge.pretraining.config import load_config
+from lmforge.pretraining.run import ObjectiveBatches
 from lmforge.train.distributed import rank_seed
 
 SEQ, BATCH = 64, 8

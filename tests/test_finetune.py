@@ -17,9 +17,9 @@ from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.data.labelled.readers import load_labelled_dir
 from lmforge.errors import LMForgeError
 from lmforge.eval.finetuned import majority_baseline
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.loading import load_finetuned
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 from lmforge.tasks.config import RECIPES, load_finetune_config
 
 TESTS = Path(__file__).parent
@@ -36,7 +36,7 @@ def labelled(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A tiny GPT pretrained for 40 steps on public-domain text (tokenizer trained by the run)."""
-    from lmforge.pretrain.run import Pretraining
+    from lmforge.pretraining.run import Pretraining
 
     d = tmp_path_factory.mktemp("pretrained")
     docs = [json.dumps({"text": t}) + "\n" for t in T.TEXTS * 3]

@@ -7,7 +7,7 @@ import tasks_testing as T
 import torch
 
 from lmforge.checkpoint.write import write_checkpoint_dir
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.models import Transformer, get_preset
 from lmforge.tasks.config import load_finetune_config
 

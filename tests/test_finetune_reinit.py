@@ -9,7 +9,7 @@ import torch
 
 from lmforge.checkpoint.write import write_checkpoint_dir
 from lmforge.errors import LMForgeError
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.models import Transformer, get_preset
 from lmforge.models.init import reinit_top_blocks
 from lmforge.tasks.config import load_finetune_config

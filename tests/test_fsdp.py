@@ -367,6 +367,6 @@ def test_a_save_published_before_another_process_died_is_reported_as_saved(tmp_p
 
 def test_a_plain_run_does_not_import_distributed_checkpointing():
     # torch.distributed.checkpoint costs ~0.6 s to import: only sharded checkpoints need it.
-    script = "import sys, lmforge.pretrain.run\nassert 'torch.distributed.checkpoint' not in sys.modules\n"
+    script = "import sys, lmforge.pretraining.run\nassert 'torch.distributed.checkpoint' not in sys.modules\n"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

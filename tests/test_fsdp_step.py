@@ -10,7 +10,7 @@ import torch
 
 from lmforge.config.sections import LoopConfig
 from lmforge.models import Transformer, get_preset
-from lmforge.pretrain.config import TrainConfig
+from lmforge.pretraining.config import TrainConfig
 from lmforge.train.distributed import DistInfo
 from lmforge.train.optim import build_optimizer
 from lmforge.train.parallel import clip_scale, grad_norm, parallelize

@@ -235,7 +235,7 @@ def tiny_finetune(run: Path, data: Path, *extra: str) -> list[str]:
 def test_finetuning_plots_its_dev_metric_and_scores_dev_once_per_evaluation(tmp_path, labelled, monkeypatch):
     import json
 
-    from lmforge.finetune.run import FineTuner
+    from lmforge.finetuning.run import FineTuner
     from lmforge.tasks.config import load_finetune_config
     from lmforge.train.metrics import read_metrics
 

@@ -6,7 +6,7 @@ import tasks_testing as T
 import torch
 
 from lmforge.models import Transformer, get_preset
-from lmforge.pretrain.config import TrainConfig
+from lmforge.pretraining.config import TrainConfig
 from lmforge.tasks.heads import SequenceHead
 from lmforge.tasks.model import TaskModel
 from lmforge.train.optim import Schedule, build_optimizer, layer_depths, param_groups
@@ -75,7 +75,7 @@ def test_group_learning_rates_and_their_schedule():
 
 
 def test_finetuning_builds_its_optimizer_with_layer_decay(tmp_path):
-    from lmforge.finetune.run import FineTuner
+    from lmforge.finetuning.run import FineTuner
     from lmforge.tasks.config import load_finetune_config
 
     data = T.write_labelled_dir(tmp_path / "d", {"train": T.sentiment(40), "dev": T.sentiment(16, seed=3)})

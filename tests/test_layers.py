@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("lmforge", "lmforge.api", "lmforge.cli", "lmforge.run_kinds", "lmforge.hf_trainer"),  # commands, Python API
     ("lmforge.experiments",),
-    ("lmforge.pretrain", "lmforge.finetune", "lmforge.align", "lmforge.compress"),  # the run kinds
+    ("lmforge.pretraining", "lmforge.finetuning", "lmforge.align", "lmforge.compress"),  # the run kinds
     ("lmforge.eval",),  # evaluations, of a model or of any run by its path
     ("lmforge.loading", "lmforge.train"),  # reading any run back; the machinery every run kind trains with
     ("lmforge.tasks",),

@@ -21,8 +21,8 @@ from lmforge.errors import LMForgeError
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
 from lmforge.objectives.losses import lm_head_loss
-from lmforge.pretrain.config import TrainConfig
-from lmforge.pretrain.run import ObjectiveBatches
+from lmforge.pretraining.config import TrainConfig
+from lmforge.pretraining.run import ObjectiveBatches
 from lmforge.tokenizers import Tokenizer
 from lmforge.train.distributed import DistInfo
 from lmforge.train.loop import Loop

@@ -10,7 +10,7 @@ from lmforge.config import RECIPES_DIR
 from lmforge.models.flops import lm_head_weights, matmul_weights, training_flops
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.electra import generator_config
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 
 T5_TOK = ("t5", "unigram", 400)
 STYLES = ["span", "iid", "bert", "mass", "drop", "deshuffle", "prefix_lm", "lm"]

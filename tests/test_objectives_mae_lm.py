@@ -18,7 +18,7 @@ from lmforge.checkpoint.read import read_weights
 from lmforge.checkpoint.verify import latest_checkpoint
 from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.models import Transformer, get_preset
 from lmforge.objectives import masking as M
 from lmforge.objectives.mae_lm import MAELMModel

@@ -11,7 +11,7 @@ from lmforge.models import Transformer
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives import masking as M
 from lmforge.objectives.sentence_data import DocChunkLoader, SentencePairLoader, sentence_end_ids
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 
 T = 64
 

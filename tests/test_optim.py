@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmforge.models import Transformer, get_preset
-from lmforge.pretrain.config import TrainConfig
+from lmforge.pretraining.config import TrainConfig
 from lmforge.train.optim import Muon, Schedule, build_optimizer, lr_factor, muon_params
 from lmforge.train.parallel import clip_scale, grad_norm
 

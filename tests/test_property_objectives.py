@@ -28,7 +28,7 @@ from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.seq2seq import ordinary_ids
-from lmforge.pretrain.config import build_config
+from lmforge.pretraining.config import build_config
 from lmforge.tokenizers import train_tokenizer
 from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 

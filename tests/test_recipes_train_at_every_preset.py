@@ -20,8 +20,8 @@ from lmforge.data.corpus.bundled import load_default_corpus
 from lmforge.data.corpus.loader import take_rows
 from lmforge.eval.plateau import plateau
 from lmforge.models.presets import PRETRAIN_DEFAULTS, get_preset
-from lmforge.pretrain.config import load_config
-from lmforge.pretrain.resolve import pretrain_config
+from lmforge.pretraining.config import load_config
+from lmforge.pretraining.resolve import pretrain_config
 
 RECIPES = ("bert", "roberta", "bart", "electra", "t5")
 OLD_LR = {"bert": 1e-3, "roberta": 1e-3, "bart": 1e-3, "electra": 1e-3, "t5": 2e-3}
@@ -175,7 +175,7 @@ def lm_loss_and_floor(trainer) -> tuple[float, float]:
 def tiny_run(recipe: str, corpus: Path, run: Path, steps: int, *extra: dict) -> tuple[float, float]:
     """A shortened run of `lmforge pretrain RECIPE --model.preset=RECIPE-tiny` on the corpus, in this process, on
     one thread: (its validation LM loss, the context-free floor of the same targets)."""
-    from lmforge.pretrain.run import Pretraining
+    from lmforge.pretraining.run import Pretraining
 
     over = {"model.preset": f"{recipe}-tiny", "run.dir": str(run), "data.inputs": [str(corpus)],
             "train.max_steps": steps, "train.eval_every": steps, "train.log_every": steps, "train.save_every": steps,

@@ -21,7 +21,7 @@ from test_reliability_inputs import TINY, cli, one_error_line
 from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer, get_preset
-from lmforge.pretrain.config import load_config
+from lmforge.pretraining.config import load_config
 from lmforge.registry import MODELS
 
 pytestmark = pytest.mark.usefixtures("torch_globals")

@@ -118,7 +118,7 @@ def test_a_corrupt_config_yaml_and_no_checkpoint_config_is_one_line(prepared, tm
 def test_a_fine_tuning_resume_takes_the_run_config_out_of_its_checkpoint(tmp_path):
     """A fine-tuned checkpoint's config.yaml also holds the backbone and labels, which are not run settings."""
     from lmforge.files import hash_file
-    from lmforge.finetune.resolve import finetune_config
+    from lmforge.finetuning.resolve import finetune_config
     from lmforge.tasks.config import finetune_to_dict, load_finetune_config
 
     run = tmp_path / "run"

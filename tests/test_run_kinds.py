@@ -71,6 +71,21 @@ def test_no_command_branches_on_a_run_kinds_name():
     src = Path(__file__).resolve().parents[1] / "src" / "lmforge"
     kinds = "|".join(RUN_KINDS) + "|eval"
     branch = re.compile(rf"""(kind|\.kind|stage) *(==|!=) *["']({kinds})["']""")
-    found = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py") if p.name != "run_kinds.py"
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if branch.search(line)]  # fmt: skip
+    found = [
+        f"{p.relative_to(src)}:{n}"
+        for p in src.rglob("*.py")
+        if p.name != "run_kinds.py"
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if branch.search(line)
+    ]
     assert found == []
+
+
+def test_the_run_kind_packages_leave_the_python_apis_names_alone():
+    """`lmforge.pretrain(...)` and `lmforge.finetune(...)` stay the API's functions once the run kinds' packages
+    are imported (a package named like them would replace the attribute)."""
+    import lmforge
+    import lmforge.finetuning.run  # noqa: F401
+    import lmforge.pretraining.run  # noqa: F401
+
+    assert callable(lmforge.pretrain) and callable(lmforge.finetune)

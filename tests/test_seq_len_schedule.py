@@ -17,8 +17,8 @@ from lm_objective_testing import TINY_DECODER, objective, write_corpus
 from lmforge.data.corpus.loader import TokenLoader
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
-from lmforge.pretrain.config import load_config
-from lmforge.pretrain.run import ObjectiveBatches
+from lmforge.pretraining.config import load_config
+from lmforge.pretraining.run import ObjectiveBatches
 from lmforge.tokenizers import Tokenizer
 from lmforge.train.prefetch import Prefetcher
 from lmforge.train.seq_len_schedule import DrawLengths, cut_windows, length_at
@@ -167,7 +167,7 @@ def test_cli_run_of_encoder_fast_finishes(tmp_path):
 
 
 def test_pretraining_cuts_by_the_loops_planned_steps(gpt_data, tmp_path, torch_globals):
-    from lmforge.pretrain.run import Pretraining
+    from lmforge.pretraining.run import Pretraining
 
     tok_dir, data = gpt_data
     cfg = load_config(

@@ -13,8 +13,8 @@ from lmforge.experiments.arms import resolve_config
 from lmforge.experiments.plan import plan_experiment
 from lmforge.experiments.spec import load_experiment
 from lmforge.objectives import masking as M
-from lmforge.pretrain.config import load_config
-from lmforge.pretrain.run import ObjectiveBatches
+from lmforge.pretraining.config import load_config
+from lmforge.pretraining.run import ObjectiveBatches
 from lmforge.train.distributed import rank_seed
 
 SEQ, BATCH = 64, 8

@@ -104,7 +104,7 @@ def test_sampler_shuffles_a_task_before_repeating_it():
 
 
 def test_feature_batches_follow_the_sampler_and_resume():
-    from lmforge.finetune.run import FeatureBatches
+    from lmforge.finetuning.run import FeatureBatches
 
     feats = [{"input_ids": [i + 1], "_task": 0 if i < 30 else 1} for i in range(40)]
     sampler = mixture_sampler([f["_task"] for f in feats], 2, MixOptions("equal"))

@@ -133,7 +133,7 @@ def test_a_prompt_fine_tune_saves_reloads_and_predicts(tmp_path):
     with its template and words and predicts as it evaluated."""
     import lmforge
     from lmforge.checkpoint.write import write_checkpoint_dir
-    from lmforge.finetune.run import FineTuner
+    from lmforge.finetuning.run import FineTuner
     from lmforge.models import Transformer, get_preset
     from lmforge.tasks.config import load_finetune_config
 

@@ -10,7 +10,7 @@ import tasks_testing as T
 from lmforge.cli.eval import cmd_eval
 from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
-from lmforge.finetune.run import FineTuner
+from lmforge.finetuning.run import FineTuner
 from lmforge.tasks.config import load_finetune_config
 from lmforge.tasks.text_to_text_regression import TextToTextRegression, parse_score, score_text
 

@@ -11,7 +11,7 @@ from lm_objective_testing import TINY_DECODER
 
 from lmforge.models import ModelConfig, Transformer
 from lmforge.objectives.base import LossOutput
-from lmforge.pretrain.config import TrainConfig
+from lmforge.pretraining.config import TrainConfig
 from lmforge.train.budget import TimeBudget
 from lmforge.train.distributed import DistInfo
 from lmforge.train.loop import Loop

@@ -27,8 +27,8 @@ def evaluate_runs(out: Path, overrides: list[str]) -> None:
     """Build each run on this rank and evaluate its initial weights as the training loop does."""
     import torch
 
-    from lmforge.pretrain.config import load_config
-    from lmforge.pretrain.run import Pretraining
+    from lmforge.pretraining.config import load_config
+    from lmforge.pretraining.run import Pretraining
     from lmforge.train.distributed import cleanup
 
     torch.set_num_threads(1)

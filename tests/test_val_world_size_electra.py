@@ -20,8 +20,8 @@ from process_testing import launch_script
 
 def evaluate_run(out: Path, overrides: list[str]) -> None:
     """Build the run on this rank and evaluate its initial weights as the training loop does."""
-    from lmforge.pretrain.config import load_config
-    from lmforge.pretrain.run import Pretraining
+    from lmforge.pretraining.config import load_config
+    from lmforge.pretraining.run import Pretraining
     from lmforge.train.distributed import cleanup
 
     torch.set_num_threads(1)

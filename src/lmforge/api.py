@@ -22,7 +22,7 @@ import torch
 from lmforge.config import resolved_run_dir
 from lmforge.errors import LMForgeError
 from lmforge.loading import load
-from lmforge.pretrain.resolve import overrides_tree
+from lmforge.pretraining.resolve import overrides_tree
 from lmforge.run_kinds import config, run, run_kind
 
 

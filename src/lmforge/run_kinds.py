@@ -68,25 +68,25 @@ def _fit(job, on_start: Callable[[Any], None] | None) -> Finished:
 
 
 def _pretrain_schema() -> type:
-    from lmforge.pretrain.config import Config
+    from lmforge.pretraining.config import Config
 
     return Config
 
 
 def _pretrain_config(recipe, overrides, init=None, resume=False, method=None, teacher=None, reward=None):
-    from lmforge.pretrain.resolve import pretrain_config
+    from lmforge.pretraining.resolve import pretrain_config
 
     return pretrain_config(recipe, overrides, resume=resume)
 
 
 def _pretrain_dict(cfg) -> dict:
-    from lmforge.pretrain.config import to_dict
+    from lmforge.pretraining.config import to_dict
 
     return to_dict(cfg)
 
 
 def _pretrain_execute(cfg, resume=False, on_start=None) -> Finished:
-    from lmforge.pretrain.run import Pretraining
+    from lmforge.pretraining.run import Pretraining
 
     return _fit(Pretraining(cfg, resume=resume), on_start)
 
@@ -98,7 +98,7 @@ def _finetune_schema() -> type:
 
 
 def _finetune_config(recipe, overrides, init=None, resume=False, method=None, teacher=None, reward=None):
-    from lmforge.finetune.resolve import finetune_config
+    from lmforge.finetuning.resolve import finetune_config
 
     return finetune_config(recipe, init, overrides, resume)
 
@@ -110,7 +110,7 @@ def _finetune_dict(cfg) -> dict:
 
 
 def _finetune_execute(cfg, resume=False, on_start=None) -> Finished:
-    from lmforge.finetune.run import FineTuner
+    from lmforge.finetuning.run import FineTuner
 
     return _fit(FineTuner(cfg, resume=resume), on_start)
 

@@ -50,7 +50,7 @@ def cmd_convert(src: Path, out: Path, to: Literal["hf", "lmforge"], merge: bool 
     src, out = Path(src), Path(out)
     _check_out(out, src, to)
     if to == "hf" and _finetuned(src):
-        from lmforge.finetune.export import export_finetuned
+        from lmforge.finetuning.export import export_finetuned
 
         print(export_finetuned(src, out, merge=merge))
         return

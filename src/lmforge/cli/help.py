@@ -190,7 +190,7 @@ def pretrain_help(recipe: str | None, overrides: list[str], values: dict) -> str
     """`lmforge pretrain --help`'s epilog; `values`: the resolved config of `recipe` with `overrides`."""
     from lmforge.models.config import ModelConfig
     from lmforge.objectives import OBJECTIVES
-    from lmforge.pretrain.config import Config
+    from lmforge.pretraining.config import Config
     from lmforge.registry import MODELS
 
     parts = [*_header("pretrain", recipe, "demo", list(overrides)), "", "config keys (--section.key=value):"]

@@ -34,7 +34,7 @@ def load_teacher(cfg: CompressConfig, resume: bool = False):
 
 
 def _finetune_teacher(cfg: CompressConfig, run: Path, resume: bool) -> None:
-    from lmforge.finetune.run import FineTuner
+    from lmforge.finetuning.run import FineTuner
     from lmforge.tasks.config import load_finetune_config
 
     ft = load_finetune_config(cfg.teacher.recipe, [*cfg.teacher.overrides, f"--run.dir={run}", "--train.device=cpu"])

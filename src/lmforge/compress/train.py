@@ -14,7 +14,7 @@ from lmforge.checkpoint.verify import latest_checkpoint
 from lmforge.compress.config import CompressTrain
 from lmforge.compress.distill import DistillWeights, distillation_loss
 from lmforge.errors import LMForgeError
-from lmforge.finetune.run import FeatureBatches
+from lmforge.finetuning.run import FeatureBatches
 from lmforge.objectives.base import LossOutput
 from lmforge.train.loop_spec import LoopSpec, Saved
 from lmforge.train.session import RunSession

@@ -90,7 +90,7 @@ def cli_args(overrides: dict[str, Any]) -> list[str]:
 
 def resolve_config(recipe: str, overrides: dict[str, Any]):
     """The validated pretraining Config an arm will run (bad keys and values fail here, before any run starts)."""
-    from lmforge.pretrain.config import load_config
+    from lmforge.pretraining.config import load_config
 
     return load_config(recipe, cli_args(overrides))
 

@@ -1,6 +1,6 @@
 """`finetune.ensembles` (experiments/spec.py): a fine-tuning arm's runs, `size` seeds at a time, combined into one
 model that predicts the label of highest mean probability over the group's runs (a prediction ensemble). Formed
-from each run's predictions.json (finetune/run.py) when the report is written, so it costs no training; each
+from each run's predictions.json (finetuning/run.py) when the report is written, so it costs no training; each
 group is written like a run, as OUT/ensemble/TASK/NAME-sJ/ (eval.json, eval_test.json, predictions.json), and is a
 row of the report with one seed per group. The report also forms the ensemble from every group of `size` of the
 arm's finished runs (`spread`), to show how much its figure depends on which seeds were grouped."""
@@ -17,7 +17,7 @@ from lmforge.errors import LMForgeError
 from lmforge.experiments.arms import LOG_FILE, Arm, ArmResult, of_stage
 from lmforge.experiments.spec import EnsembleSpec, Experiment
 from lmforge.files import loads_json, write_atomic
-from lmforge.finetune.run import PREDICTIONS
+from lmforge.finetuning.run import PREDICTIONS
 
 
 def ensemble_results(exp: Experiment, results: list[ArmResult]) -> list[ArmResult]:

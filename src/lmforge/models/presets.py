@@ -260,7 +260,7 @@ preset(
 @dataclass(frozen=True)
 class PretrainDefaults:
     """The peak learning rate and warmup a preset brings to a pretraining run in place of its recipe's, as it brings
-    its vocabulary and context (pretrain/config.py `fit_to_model`; the user's train.lr, train.warmup_steps or
+    its vocabulary and context (pretraining/config.py `fit_to_model`; the user's train.lr, train.warmup_steps or
     train.warmup_ratio win). The papers set both by size, at batches of 16k-4M tokens; these are for the recipes'
     batches of 2-8k tokens and runs of 1-2k steps. A post-LN stack that trains at its recipe's lr 1e-3 at 2 layers
     of 64 sits on the unigram plateau of its loss at 6 layers of 512 (docs/train-parity.md)."""

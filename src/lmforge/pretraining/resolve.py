@@ -8,8 +8,8 @@ from pathlib import Path
 from lmforge.config import merge_dicts, parse_overrides, resolved_run_dir
 from lmforge.config.resume import never_started
 from lmforge.errors import LMForgeError
-from lmforge.pretrain.config import Config, load_config, load_resume_config
-from lmforge.pretrain.setup import keep_run_tokenizer
+from lmforge.pretraining.config import Config, load_config, load_resume_config
+from lmforge.pretraining.setup import keep_run_tokenizer
 
 
 def overrides_tree(overrides: list[str] | dict | None = None, sections: dict | None = None) -> dict:

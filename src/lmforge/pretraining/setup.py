@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lmforge.errors import LMForgeError
 from lmforge.files import refuse_link, write_atomic
-from lmforge.pretrain.config import Config
+from lmforge.pretraining.config import Config
 from lmforge.tokenizers.specials import FAMILY_BY_ARCH
 from lmforge.train.distributed import DistInfo, barrier
 

@@ -17,8 +17,8 @@ from lmforge.data.corpus.loader import take_rows
 from lmforge.errors import LMForgeError
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
-from lmforge.pretrain.config import Config, to_dict
-from lmforge.pretrain.setup import (
+from lmforge.pretraining.config import Config, to_dict
+from lmforge.pretraining.setup import (
     apply_init,
     check_inputs,
     check_vocab,
