@@ -89,3 +89,14 @@ def test_the_run_kind_packages_leave_the_python_apis_names_alone():
     import lmforge.pretraining.run  # noqa: F401
 
     assert callable(lmforge.pretrain) and callable(lmforge.finetune)
+
+
+def test_a_bundled_recipe_name_is_not_shadowed_by_a_directory_of_that_name(tmp_path, monkeypatch):
+    from lmforge.config import RECIPES_DIR, resolve_recipe
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt").mkdir()  # e.g. an experiment's --out ./gpt
+    assert resolve_recipe("gpt", "pretrain") == RECIPES_DIR / "pretrain" / "gpt.yaml"
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(LMForgeError, match=r"^recipe file not found: mine$"):
+        resolve_recipe("mine", "pretrain")

@@ -187,12 +187,12 @@ def resolve_recipe(recipe: str | None, kind: str = "pretrain") -> Path | None:
     if recipe is None:
         return None
     p = Path(recipe)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    bundled = RECIPES_DIR / kind / f"{recipe}.yaml"
+    if p.suffix in (".yaml", ".yml") or p.is_file() or (p.exists() and not bundled.is_file()):
         if not p.is_file():
             raise LMForgeError(f"recipe file not found: {recipe}")
         return p
-    bundled = RECIPES_DIR / kind / f"{recipe}.yaml"
-    if bundled.is_file():
+    if bundled.is_file():  # a bundled name, also where a directory of that name stands in the working directory
         return bundled
     names = sorted(x.stem for x in (RECIPES_DIR / kind).glob("*.yaml"))
     raise LMForgeError(f"unknown recipe '{recipe}'{did_you_mean(recipe, names, 'bundled: ' + ', '.join(names))}")
