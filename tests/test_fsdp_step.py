@@ -79,3 +79,58 @@ def test_the_norm_of_sharded_gradients_is_the_full_norm():
     params = list(model.parameters())
     full = torch.linalg.vector_norm(torch.stack([_full(p.grad).double().norm() for p in params]))
     torch.testing.assert_close(grad_norm(params, torch.device("cpu")).double(), full, rtol=1e-6, atol=0)
+
+
+def _gathers(monkeypatch) -> list[int]:
+    """Counts FSDP's own gathers (torch's per-parameter path), one per unit gathered, into the returned list."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    seen = [0]
+    wait = FSDPParamGroup.wait_for_unshard
+
+    def spy(self):
+        seen[0] += bool(self._all_gather_result)
+        return wait(self)
+
+    monkeypatch.setattr(FSDPParamGroup, "wait_for_unshard", spy)
+    return seen
+
+
+def _steps(parallel: str, monkeypatch) -> tuple[list[float], dict, int]:
+    """Four steps on one process, with an evaluation forward between two steps (it gathers the units and no
+    backward frees them) and a state dict taken between steps → losses, weights, FSDP's own gathers."""
+    torch.manual_seed(0)
+    model = Transformer(replace(get_preset("gpt-tiny"), dropout=0.0, attn_dropout=0.0, n_layers=3))
+    model = parallelize(model, LoopConfig(parallel=parallel), DistInfo(), torch.device("cpu"))
+    opt = build_optimizer(model, TrainConfig(lr=1e-2), torch.device("cpu"))
+    gathers = _gathers(monkeypatch)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for step in range(4):
+        loss = model(ids).logits.float().logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if step == 1:
+            with torch.no_grad():
+                model(ids)
+        if step == 2:
+            model.state_dict()  # FSDP puts the shards back into the modules
+        if parallel == "fsdp" and step != 1:  # the shards between steps (not after a forward without backward)
+            assert all(type(p).__name__ == "DTensor" for p in model.parameters())
+    weights = {name: _full(p).detach().clone() for name, p in model.named_parameters()}
+    return losses, weights, gathers[0]
+
+
+def test_one_process_gathers_with_one_copy_and_trains_as_the_plain_model(monkeypatch):
+    from lmforge.train.parallel import keeps_gathered
+
+    assert keeps_gathered(LoopConfig(parallel="fsdp"), 1) and not keeps_gathered(LoopConfig(parallel="fsdp"), 2)
+    assert not keeps_gathered(LoopConfig(parallel="fsdp", fsdp_reshard="always"), 1)
+    losses, weights, gathers = _steps("fsdp", monkeypatch)
+    ref_losses, ref_weights, _ = _steps("ddp", monkeypatch)  # one process: the plain model
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=0)
+    for name, w in ref_weights.items():
+        torch.testing.assert_close(weights[name], w, rtol=1e-5, atol=1e-7, msg=name)
+    assert gathers == 3 + 1  # FSDP gathered the blocks and the root at the first forward only

@@ -211,13 +211,16 @@ def shard(model: nn.Module, cfg: LoopConfig, dist_info: DistInfo, device: torch.
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
     groups = unit_groups(model, cfg.fsdp_unit_blocks)
-    reshard = reshards_after_forward(model, cfg, device)
+    keep = keeps_gathered(cfg, mesh.size())
+    reshard = reshards_after_forward(model, cfg, device) and not keep
     for i, group in enumerate(groups):
         # The last unit's weights are needed again first in backward: keeping them saves one all-gather.
         last = i == len(groups) - 1
         fully_shard(group if len(group) > 1 else group[0], mesh=mesh, reshard_after_forward=reshard and not last,
                     mp_policy=mp, offload_policy=offload)  # fmt: skip
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
+    if keep:
+        model.register_forward_pre_hook(_Regather(model), prepend=True)
     # Each unit's all-gather is issued while the unit before it (forward) or after it (backward) computes, rather
     # than when the unit's own hooks run (the modules of one unit share its state).
     heads = [group[0] for group in groups]
@@ -240,6 +243,62 @@ def unit_groups(model: nn.Module, per_unit: int) -> list[list[nn.Module]]:
         else:
             groups.append([unit])
     return groups
+
+
+def keeps_gathered(cfg: LoopConfig, world_size: int) -> bool:
+    """Whether the units are gathered by `_Regather` rather than by FSDP, and kept gathered from forward to
+    backward: on one process, where a "shard" is the whole tensor and FSDP's gather is, per parameter, a cast into
+    a new tensor and a copy of it (two kernels and tens of microseconds of host work each, per step). Not under
+    fsdp_reshard=always (least memory: each unit's bf16 copy is freed after its forward), with float8 weights
+    (torchao gathers those itself) or with cpu_offload (the shards live on the CPU)."""
+    if world_size != 1 or cfg.fsdp_reshard == "always" or cfg.float8 or cfg.cpu_offload:
+        return False
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    # torch's own classes, not its public API: where a release lacks what `_Regather` calls, FSDP gathers itself.
+    return all(hasattr(FSDPParamGroup, a) for a in ("_to_unsharded", "is_sharded", "is_unsharded")) and all(
+        hasattr(FSDPParam, a) for a in ("alloc_all_gather_outputs", "unsharded_param")
+    )
+
+
+class _Regather:
+    """Forward pre-hook of the root unit under `keeps_gathered`: gathers every sharded unit before FSDP's hooks
+    would, with one multi-tensor copy (and cast to the compute dtype) of all shards into the units' unsharded
+    parameters, whose memory FSDP allocated at its first gather and frees after each backward. FSDP's hooks then
+    find the units gathered and do nothing; between steps the modules hold the sharded parameters as before. The
+    first forward is gathered by FSDP itself (it creates the unsharded parameters); a unit still gathered from
+    an earlier forward (under no_grad, no backward frees it) is used as it is, as FSDP does."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.groups = _param_groups(model)
+
+    @torch.no_grad()
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        ready = [g for g in self.groups if g.is_sharded and all(hasattr(p, "_unsharded_param") for p in g.fsdp_params)]
+        params = [fp for g in ready for fp in g.fsdp_params]
+        if not params:
+            return
+        for fp in params:
+            fp.alloc_all_gather_outputs()  # the memory FSDP freed after the last backward
+        torch._foreach_copy_([fp.unsharded_param for fp in params], [fp.sharded_param._local_tensor for fp in params])
+        for g in ready:
+            g._to_unsharded()  # the gathered parameters into the modules
+
+
+def _param_groups(model: nn.Module) -> list[Any]:
+    """The FSDP parameter groups of `model`'s units (torch's FSDPParamGroup), each once, in module order."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out: dict[int, Any] = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            state = m._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.12 (grouped units); else one group
+            for g in groups if groups is not None else [state._fsdp_param_group]:
+                if g is not None:
+                    out.setdefault(id(g), g)
+    return list(out.values())
 
 
 def reshards_after_forward(model: nn.Module, cfg: LoopConfig, device: torch.device) -> bool:
@@ -297,6 +356,7 @@ def no_sync(model: nn.Module, last: bool) -> AbstractContextManager:
     return nullcontext()
 
 
+@torch.no_grad()  # DTensor.to_local is an autograd function where grad is enabled: host time per gradient
 def grad_norm(params: list[Tensor], device: torch.device) -> Tensor:
     """The global gradient norm (over every rank's shards) on `device`; clipping is the optimizer's (see
     `clip_scale` and `Optimizers.step`)."""
@@ -359,4 +419,3 @@ def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
             done[key] = (t.full_tensor() if is_dtensor(t) else t).detach().cpu()
         out[name] = done[key]
     return out
-
