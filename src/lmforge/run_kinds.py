@@ -48,7 +48,8 @@ class RunKind:
     """One run kind: `schema()` its config dataclass; `default_recipe(method)` the bundled recipe it runs when none
     is named; `config(recipe, overrides, init=, resume=, method=, teacher=, reward=)` its typed config;
     `to_dict(cfg)` that config as the plain dict a run saves; `execute(cfg, resume, on_start)` its run →
-    Finished (`on_start(job)` is called once the run is built, before it trains); `datasets` where a live dataset
+    Finished (`on_start(job)` is called once the run is built, before it trains; align and compress, which build
+    their runs inside: with the config, before anything runs); `datasets` where a live dataset
     may stand."""
 
     schema: Callable[[], type]
@@ -159,6 +160,8 @@ def _compress_config(recipe, overrides, init=None, resume=False, method=None, te
 def _compress_execute(cfg, resume=False, on_start=None) -> Finished:
     from lmforge.compress.report import compression_report
 
+    if on_start is not None:
+        on_start(cfg)
     rows, table = compression_report(cfg, resume)
     return Finished(Path(cfg.out), rows, table=table)
 

@@ -1,5 +1,5 @@
 """The registries of fetch recipes (corpora and labelled sets) and the decorators that fill them; the recipes
-themselves are in `fetch_recipes`, and `fetch` runs them."""
+themselves are in `data/fetch/recipes.py`, and `data/fetch/build.py` runs them."""
 
 from __future__ import annotations
 
