@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from lmforge.tokenizers.sample import default_sample_chars, sample_texts, units
+from lmforge.tokenizers.kinds import TOKENIZER_KINDS
+from lmforge.tokenizers.sample import sample_texts, units
 
 TEXTS = [f"Paragraph {i} of text {j}: " + "words and more words " * (i % 7 + 1) for j in range(40) for i in range(9)]
 DOCS = ["\n\n".join(TEXTS[k : k + 9]) for k in range(0, len(TEXTS), 9)]
@@ -35,6 +36,7 @@ def test_text_that_fits_is_used_unchanged() -> None:
 
 
 def test_default_bounds_only_unigram() -> None:
-    assert default_sample_chars("bpe", 512) == 0 and default_sample_chars("wordpiece", 512) == 0
-    assert default_sample_chars("unigram", 512) == 500_000
-    assert default_sample_chars("unigram", 32000) == 3_200_000
+    bpe, wordpiece, unigram = (TOKENIZER_KINDS[k] for k in ("bpe", "wordpiece", "unigram"))
+    assert bpe.default_sample_chars(512) == 0 and wordpiece.default_sample_chars(512) == 0
+    assert unigram.default_sample_chars(512) == 500_000
+    assert unigram.default_sample_chars(32000) == 3_200_000

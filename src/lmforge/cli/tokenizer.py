@@ -17,7 +17,8 @@ FAMILY_CHOICES = ["gpt", "bert", "t5", "bart", "llama"]
 
 if TYPE_CHECKING:
     from lmforge.tokenizers.core import Tokenizer
-    from lmforge.tokenizers.specials import Family, Kind
+    from lmforge.tokenizers.kinds import Kind
+    from lmforge.tokenizers.specials import Family
 
 
 def add_parser(sub, name: str) -> None:

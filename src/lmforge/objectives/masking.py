@@ -11,6 +11,7 @@ from torch import Tensor
 
 from lmforge.errors import LMForgeError
 from lmforge.objectives.rng import rng
+from lmforge.tokenizers.kinds import TOKENIZER_KINDS
 
 IGNORE = -100
 """Label of positions that are not predicted (cross_entropy's default ignore_index)."""
@@ -24,10 +25,6 @@ def labelled_index(labels: Tensor, batch: dict[str, Tensor] | None = None) -> Te
         return batch["mlm_index"]
     return (labels != IGNORE).flatten().nonzero().squeeze(1)
 
-
-# Byte-level BPE spells a leading space / newline / tab / carriage return as these characters (GPT-2's byte map).
-_BYTE_LEVEL_SPACE = ("\u0120", "\u010a", "\u0109", "\u010d")
-_METASPACE = "\u2581"  # SentencePiece's '▁'
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -120,18 +117,12 @@ def special_ids(tokenizer) -> list[int]:
 def word_start_table(tokenizer) -> Tensor:
     """(vocab_size,) bool: does the token begin a word?
 
-    WordPiece: tokens without the continuation prefix ('##'); byte-level BPE: tokens whose first byte is a space,
-    newline, tab or CR ('Ġ', 'Ċ', ...); SentencePiece / Metaspace: tokens starting with '▁'. Special tokens
-    start words. Positions right after a special token (or at a row start) also start words; see `word_starts`."""
-    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    As the tokenizer's kind marks word starts (`lmforge.tokenizers.kinds`): WordPiece: tokens without the continuation
+    prefix ('##'); byte-level BPE: tokens whose first byte is a space, newline, tab or CR ('Ġ', 'Ċ', ...);
+    SentencePiece / Metaspace: tokens starting with '▁'. Special tokens start words. Positions right after a special
+    token (or at a row start) also start words; see `word_starts`."""
     table = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
-    if tokenizer.kind == "wordpiece":
-        prefix = getattr(tokenizer.backend.model, "continuing_subword_prefix", "##") or "##"
-        starts = [i for t, i in vocab.items() if not t.startswith(prefix)]
-    elif any(t.startswith(_METASPACE) for t in vocab):
-        starts = [i for t, i in vocab.items() if t.startswith(_METASPACE)]
-    else:
-        starts = [i for t, i in vocab.items() if t.startswith(_BYTE_LEVEL_SPACE)]
+    starts = TOKENIZER_KINDS[tokenizer.kind].word_starts(tokenizer.backend)
     table[torch.tensor(starts, dtype=torch.long)] = True
     table[torch.tensor(special_ids(tokenizer), dtype=torch.long)] = True
     return table

@@ -2,7 +2,8 @@
 
 from lmforge.tokenizers.core import Tokenizer
 from lmforge.tokenizers.gpt2 import fetch_gpt2_bpe, load_gpt2_bpe
-from lmforge.tokenizers.specials import FAMILIES, KINDS, ROLES, Family, Kind
+from lmforge.tokenizers.kinds import KINDS, Kind
+from lmforge.tokenizers.specials import FAMILIES, ROLES, Family
 from lmforge.tokenizers.train import train_tokenizer
 
 __all__ = [

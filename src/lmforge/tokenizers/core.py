@@ -12,7 +12,8 @@ from lmforge.errors import LMForgeError
 from lmforge.files import loads_json
 from lmforge.tokenizers.hf_call import HFTokenizerMixin
 from lmforge.tokenizers.hf_fast import read_context
-from lmforge.tokenizers.specials import FAMILIES, KINDS, ROLES, SPECS, infer_family, sentinel_token
+from lmforge.tokenizers.kinds import KINDS
+from lmforge.tokenizers.specials import FAMILIES, ROLES, SPECS, infer_family, sentinel_token
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "lmforge_tokenizer.json"

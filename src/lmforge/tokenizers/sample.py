@@ -29,12 +29,6 @@ MIN_SAMPLE_CHARS = 500_000
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
 
 
-def default_sample_chars(kind: str, vocab_size: int) -> int:
-    """Characters a tokenizer of `kind` trains on by default: a bounded sample for unigram, everything (0) for BPE
-    and WordPiece, whose training takes seconds on the same text."""
-    return max(MIN_SAMPLE_CHARS, CHARS_PER_TOKEN * vocab_size) if kind == "unigram" else 0
-
-
 def units(text: str, limit: int = UNIT_CHARS) -> Iterator[str]:
     """`text` as runs of whole blank-line paragraphs of at most `limit` characters (a paragraph longer than that is
     cut at the last space before the limit, or at the limit)."""

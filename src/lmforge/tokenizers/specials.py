@@ -8,14 +8,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Family = Literal["gpt", "bert", "t5", "bart", "llama"]
-Kind = Literal["bpe", "wordpiece", "unigram"]
 
 FAMILIES: tuple[str, ...] = typing.get_args(Family)
-KINDS: tuple[str, ...] = ("bpe", "wordpiece", "unigram")
 ROLES: tuple[str, ...] = ("bos", "eos", "pad", "unk", "mask", "cls", "sep")
 
-# The family a kind is usually paired with, used when no family is given.
-DEFAULT_FAMILY: dict[str, str] = {"bpe": "gpt", "wordpiece": "bert", "unigram": "t5"}
 # The family of a tokenizer trained for a model of each architecture, when the run names none.
 FAMILY_BY_ARCH: dict[str, str] = {"decoder": "gpt", "encoder": "bert", "encoder-decoder": "t5"}
 

@@ -13,13 +13,11 @@ from lmforge.errors import LMForgeError
 from lmforge.progress import progress, status
 from lmforge.tokenizers.cache import cache_dir, cache_key, load_cached, store
 from lmforge.tokenizers.core import Tokenizer
-from lmforge.tokenizers.sample import TextSample, default_sample_chars, sample_texts
-from lmforge.tokenizers.specials import DEFAULT_FAMILY, FAMILIES, KINDS, SPECS, Family, FamilySpec, Kind
+from lmforge.tokenizers.kinds import KINDS, TOKENIZER_KINDS, Kind, TokenizerKind
+from lmforge.tokenizers.sample import TextSample, sample_texts
+from lmforge.tokenizers.specials import FAMILIES, SPECS, Family, FamilySpec
 
 N_BYTES = 256
-UNIGRAM_OPTIONS = {"shrinking_factor": 0.75, "n_sub_iterations": 2, "max_piece_length": 16}
-"""SentencePiece's defaults (Kudo 2018's unigram EM, pruning 25% of the pieces per round), stated so a cached or saved
-tokenizer records them; the speed comes from training on a sample (`lmforge.tokenizers.sample`)."""
 
 
 def train_tokenizer(
@@ -50,20 +48,23 @@ def train_tokenizer(
         from lmforge.progress import terminal_progress
 
         show_progress = terminal_progress()
-    family = family or DEFAULT_FAMILY.get(kind)  # type: ignore[assignment]
-    _check_args(kind, vocab_size, family, min_frequency, size_key)
-    spec = SPECS[family] if kind == "bpe" else SPECS[family].with_unk()
+    if kind not in KINDS:
+        raise LMForgeError(f"unknown tokenizer kind '{kind}' (known: {', '.join(KINDS)})")
+    entry = TOKENIZER_KINDS[kind]
+    family = family or entry.family
+    _check_args(vocab_size, family, min_frequency, size_key)
+    spec = SPECS[family].with_unk() if entry.needs_unk else SPECS[family]
     learned = vocab_size - len(spec.trailing)  # trailing specials are appended after training
-    if kind == "bpe" and learned < len(spec.leading) + N_BYTES:
+    if entry.byte_level and learned < len(spec.leading) + N_BYTES:
         raise LMForgeError(
-            f"{size_key} {vocab_size} is too small for a bpe tokenizer of family {family}: the "
+            f"{size_key} {vocab_size} is too small for a {kind} tokenizer of family {family}: the "
             f"{N_BYTES} byte tokens and {_plural(len(spec.tokens), 'special token')} need at least "
             f"{N_BYTES + len(spec.tokens)}"
         )
-    budget = default_sample_chars(kind, vocab_size) if sample_chars is None else sample_chars
+    budget = entry.default_sample_chars(vocab_size) if sample_chars is None else sample_chars
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise LMForgeError(f"the tokenizer's sample_chars must be an integer >= 0 (0: all the text), got {budget!r}")
-    training: dict = {"trainer": _options(kind, min_frequency)}
+    training: dict = {"trainer": entry.options(min_frequency)}
     sampled_note = None
     if budget:
         sample = _read_sample(texts, budget)
@@ -91,7 +92,7 @@ def train_tokenizer(
     )
     # Added in increasing id order after the learned vocab (T5: <extra_id_99> ... <extra_id_0>).
     backend.add_special_tokens([_added(t, spec) for t in spec.trailing])
-    backend.post_processor = _post_processor(kind, spec, backend)
+    backend.post_processor = _post_processor(entry, spec, backend)
     tok = Tokenizer(backend, spec.roles, family)
     tok.training = training
     where = store(key, tok) if key else None
@@ -111,8 +112,9 @@ def _read_sample(texts: Iterable[str], budget: int) -> TextSample:
 
 def _fit(texts, kind, learned, spec, min_frequency, show_progress, size_key, frequency_key, vocab_size, sampled):
     """The trained `tokenizers.Tokenizer` (learned vocabulary only), with one-line errors."""
-    backend = _pipeline(kind, spec)
-    trainer = _trainer(kind, learned, spec, min_frequency, show_progress)
+    entry = TOKENIZER_KINDS[kind]
+    backend = entry.pipeline(spec)
+    trainer = entry.trainer(learned, [_added(t, spec) for t in spec.leading], spec, min_frequency, show_progress)
     counter = _CharCounter(texts)
     try:
         with _heartbeat(f"training the {kind} tokenizer", quiet=show_progress):
@@ -127,7 +129,7 @@ def _fit(texts, kind, learned, spec, min_frequency, show_progress, size_key, fre
         raise LMForgeError(f"tokenizer training failed: {str(e).strip().splitlines()[0]}") from e
     if counter.chars == 0:
         raise LMForgeError("no training text: every input text is empty")
-    if kind == "wordpiece":
+    if entry.ids_by_text:
         _number_by_text(backend, spec)
     _check_size(backend.get_vocab_size(with_added_tokens=True), learned, vocab_size, kind, size_key, frequency_key,
                 sampled)  # fmt: skip
@@ -176,9 +178,7 @@ def _heartbeat(what: str, quiet: bool, every: float = 30.0) -> Iterator[None]:
             thread.join()
 
 
-def _check_args(kind: str, vocab_size: int, family: str | None, min_frequency: int, size_key: str) -> None:
-    if kind not in KINDS:
-        raise LMForgeError(f"unknown tokenizer kind '{kind}' (known: {', '.join(KINDS)})")
+def _check_args(vocab_size: int, family: str | None, min_frequency: int, size_key: str) -> None:
     if family not in FAMILIES:
         raise LMForgeError(f"unknown tokenizer family '{family}' (known: {', '.join(FAMILIES)})")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
@@ -202,7 +202,8 @@ def _check_size(
             f"tokens alone need {got + vocab_size - learned} entries"
         )
     if got < learned:
-        knobs = size_key if kind == "unigram" or frequency_key is None else f"{size_key} or {frequency_key}"
+        frequency = TOKENIZER_KINDS[kind].frequency_knob and frequency_key is not None
+        knobs = f"{size_key} or {frequency_key}" if frequency else size_key
         raise LMForgeError(
             f"the training text supports only {got + vocab_size - learned} tokens for a {kind} vocabulary, "
             f"fewer than {size_key} {vocab_size}: lower {knobs}, or add text"
@@ -236,69 +237,12 @@ def _added(token: str, spec: FamilySpec) -> tokenizers.AddedToken:
     return tokenizers.AddedToken(token, special=True, normalized=False, lstrip=token in spec.lstrip)
 
 
-def _pipeline(kind: str, spec: FamilySpec) -> tokenizers.Tokenizer:
-    """An untrained tokenizer with the normalizer, pre-tokenizer and decoder of ``kind``."""
-    if kind == "bpe":
-        # GPT-2 (Radford et al. 2019 §2.2): BPE over bytes, so every string is encodable without unk.
-        tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = tokenizers.decoders.ByteLevel()
-    elif kind == "wordpiece":
-        # BERT (Devlin et al. 2019): lowercased, split on whitespace and punctuation, "##" continuations.
-        tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token=spec.roles["unk"]))
-        tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
-        tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
-    else:
-        # SentencePiece unigram LM (Kudo 2018) as in T5: spaces become "▁", prepended to the first word.
-        tok = tokenizers.Tokenizer(tokenizers.models.Unigram())
-        tok.normalizer = tokenizers.normalizers.NFKC()
-        tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-        tok.decoder = tokenizers.decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    return tok
-
-
-def _trainer(kind: str, learned: int, spec: FamilySpec, min_frequency: int, show_progress: bool):
-    specials = [_added(t, spec) for t in spec.leading]
-    if kind == "bpe":
-        return tokenizers.trainers.BpeTrainer(
-            vocab_size=learned,
-            min_frequency=min_frequency,
-            special_tokens=specials,
-            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen or not
-            show_progress=show_progress,
-        )
-    if kind == "wordpiece":
-        return tokenizers.trainers.WordPieceTrainer(
-            vocab_size=learned,
-            min_frequency=min_frequency,
-            special_tokens=specials,
-            continuing_subword_prefix="##",
-            show_progress=show_progress,
-        )
-    return tokenizers.trainers.UnigramTrainer(
-        vocab_size=learned,
-        special_tokens=specials,
-        unk_token=spec.roles["unk"],
-        show_progress=show_progress,
-        **UNIGRAM_OPTIONS,
-    )
-
-
-def _options(kind: str, min_frequency: int) -> dict:
-    """The trainer options that shape the vocabulary, as recorded with it."""
-    if kind == "unigram":
-        return dict(UNIGRAM_OPTIONS)
-    # WordPiece's ids are numbered by text (`_number_by_text`): a tokenizer cached before was numbered otherwise.
-    return {"min_frequency": min_frequency, **({"ids": "by text"} if kind == "wordpiece" else {})}
-
-
 def _post_processor(
-    kind: str, spec: FamilySpec, backend: tokenizers.Tokenizer
+    entry: TokenizerKind, spec: FamilySpec, backend: tokenizers.Tokenizer
 ) -> tokenizers.processors.PostProcessor | None:
     """What a Hugging Face tokenizer adds around sequences when asked for special tokens."""
     steps: list[tokenizers.processors.PostProcessor] = []
-    if kind == "bpe":
+    if entry.byte_level:
         steps.append(tokenizers.processors.ByteLevel(add_prefix_space=False, trim_offsets=False))
     if spec.template is not None:
         single, pair = spec.template
