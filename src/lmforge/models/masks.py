@@ -1,16 +1,57 @@
-"""Per-example self-attention kinds: one stack trained with several masks at once (UniLM, Dong et al. 2019 §2.3,
-Figure 1). Each row of a batch names its kind; the stack builds that row's mask."""
+"""Self-attention mask kinds, as tables: a stack's own kind (model.mask), and per-example kinds, which train one stack
+with several masks at once (UniLM, Dong et al. 2019 §2.3, Figure 1): each row of a batch names its kind; the stack
+builds that row's mask."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
+
+from lmforge.models.config import MaskKind
+
+
+class MaskRule(NamedTuple):
+    """The keys a stack's mask kind shows a query besides the keys up to itself."""
+
+    future: bool
+    """Every key after the query too (a bidirectional stack)."""
+    prefix: bool
+    """The keys before prefix_len, to every query (a prefix LM)."""
+
+
+MASK_RULES: dict[MaskKind, MaskRule] = {
+    "causal": MaskRule(future=False, prefix=False),
+    "bidirectional": MaskRule(future=True, prefix=False),
+    "prefix": MaskRule(future=False, prefix=True),
+}
+"""The rule of each model.mask kind."""
 
 ATTENTION_KINDS = ("bidirectional", "left_to_right", "right_to_left", "seq2seq")
 """Kind codes (the index) of `attn_kind`: bidirectional = every token sees every token; left_to_right = token i sees
 j <= i; right_to_left = j >= i; seq2seq = source tokens (i < prefix_len) see the source only, target tokens see the
 source and the target up to themselves."""
 BIDIRECTIONAL, LEFT_TO_RIGHT, RIGHT_TO_LEFT, SEQ2SEQ = range(len(ATTENTION_KINDS))
+
+KIND_SEES = torch.tensor(
+    [
+        # every key, j <= i, j >= i, j < prefix_len
+        [True, False, False, False],  # bidirectional
+        [False, True, False, False],  # left_to_right
+        [False, False, True, False],  # right_to_left
+        # a prefix LM: a source query (i < prefix_len) sees the source, as j <= i adds nothing; a target query sees
+        # j <= i, which holds the whole source
+        [False, True, False, True],  # seq2seq
+    ]
+)
+"""The key sets a query of each kind (row, by code) may attend to: the union of those marked."""
+
+
+def by_kind(table: Tensor, attn_kind: Tensor) -> Tensor:
+    """table[attn_kind]: the rows of a table indexed by kind code, on attn_kind's device (copied without waiting for
+    the device)."""
+    return table.to(attn_kind.device, non_blocking=True)[attn_kind]
 
 
 def kind_allowed(
@@ -28,17 +69,9 @@ def kind_allowed(
     sits at position q_offset + i (decoding with a cache)."""
     i = (torch.arange(q_len, device=device) + q_offset)[None, :, None]  # (1, Tq, 1)
     j = torch.arange(k_len, device=device)[None, None, :]  # (1, 1, Tk)
-    kind = attn_kind.to(device)[:, None, None]  # (B, 1, 1)
-    src = torch.zeros_like(kind) if prefix_len is None else prefix_len.to(device)[:, None, None]
-    causal = j <= i
-    ok = (
-        (kind == BIDIRECTIONAL)
-        | ((kind == LEFT_TO_RIGHT) & causal)
-        | ((kind == RIGHT_TO_LEFT) & (j >= i))
-        # seq2seq = a prefix LM: a source query (i < src) sees j < src, as j <= i adds nothing; a target query
-        # sees j <= i, which holds the whole source.
-        | ((kind == SEQ2SEQ) & (causal | (j < src)))
-    )  # (B, Tq, Tk)
+    every, causal, anticausal, source = by_kind(KIND_SEES, attn_kind.to(device))[:, None, None].unbind(-1)  # (B, 1, 1)
+    src = 0 if prefix_len is None else prefix_len.to(device)[:, None, None]
+    ok = every | (causal & (j <= i)) | (anticausal & (j >= i)) | (source & (j < src))  # (B, Tq, Tk)
     if key_padding is not None:
         ok = ok & key_padding.to(device).bool()[:, None, :]
     return ok[:, None]

@@ -15,6 +15,7 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from lmforge.models.config import MaskKind, ModelConfig
+from lmforge.models.masks import MASK_RULES
 from lmforge.models.position_schemes import POSITION_SCHEMES, PositionScheme
 from lmforge.models.positions import (
     LearnedPositions,
@@ -174,7 +175,7 @@ class T5Bias(T5RelativeBias, Positions):
 
     @classmethod
     def build(cls, cfg: ModelConfig, kind: MaskKind) -> T5Bias:
-        return cls(cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional=kind == "bidirectional")
+        return cls(cfg.n_heads, cfg.rel_buckets, cfg.rel_max_distance, bidirectional=MASK_RULES[kind].future)
 
     def attention_bias(
         self, query_index: Tensor, key_index: Tensor, q_offset: int | Tensor, causal: bool

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from lmforge.errors import LMForgeError
 from lmforge.models.config import MaskKind, ModelConfig
 from lmforge.models.layers import AttnInputs, Block, KVCache, make_norm
-from lmforge.models.masks import kind_allowed
+from lmforge.models.masks import MASK_RULES, kind_allowed
 from lmforge.models.position_components import Positions, build_positions
 from lmforge.models.static_cache import StaticKVCache
 
@@ -30,15 +30,16 @@ def allowed_keys(
     prefix_len (B,): for kind="prefix", keys at indices < prefix_len are visible to every query (T5 §3.2.1,
     UniLM); None means no prefix beyond what causality already shows (decoding steps after the prompt).
     """
-    if kind == "bidirectional" and key_padding is None:
+    rule = MASK_RULES[kind]
+    if rule.future and key_padding is None:
         return None
     q_pos = torch.arange(q_len, device=device)[:, None] + q_offset  # (Tq, 1)
     k_pos = torch.arange(k_len, device=device)[None, :]  # (1, Tk)
-    if kind == "bidirectional":
+    if rule.future:
         ok = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
     else:
         ok = (k_pos <= q_pos)[None, None]  # causal
-        if kind == "prefix" and prefix_len is not None:
+        if rule.prefix and prefix_len is not None:
             ok = ok | (k_pos[None, None] < prefix_len.to(device)[:, None, None, None])
     if key_padding is not None:
         ok = ok & key_padding.bool()[:, None, None, :]
@@ -123,14 +124,15 @@ class Stack(nn.Module):
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         k_len = offset + T
-        if self.kind == "prefix" and prefix_len is None and offset == 0:
+        rule = MASK_RULES[self.kind]
+        if rule.prefix and prefix_len is None and offset == 0:
             raise LMForgeError("a prefix-LM model (model.mask='prefix') needs prefix_len in its first forward")
         key_index = torch.arange(k_len, device=x.device)
         query_index = key_index[offset:]
         pos = self.pos
-        causal = self.kind != "bidirectional" and attn_kind is None  # row kinds mask the future themselves
+        causal = not rule.future and attn_kind is None  # row kinds mask the future themselves
         bias = pos.attention_bias(query_index, key_index, offset, causal)  # (1, H, T, Tk) or None
-        plain = self.kind == "causal" and key_padding is None and bias is None and not pos.explicit_mask
+        plain = not (rule.future or rule.prefix) and key_padding is None and bias is None and not pos.explicit_mask
         if plain and attn_kind is None and (offset == 0 or T == 1):
             # No explicit mask: SDPA's causal path (flash attention on GPU); one new token sees every key.
             return AttnInputs(None, offset == 0, positions, query_index, key_index, cache)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LMForgeError
 from lmforge.models.lm_head import cross_entropy
-from lmforge.models.masks import ATTENTION_KINDS, BIDIRECTIONAL, LEFT_TO_RIGHT, RIGHT_TO_LEFT
+from lmforge.models.masks import ATTENTION_KINDS, by_kind
 from lmforge.models.wrappers import unwrap_model
 from lmforge.objectives import masking as M
 from lmforge.objectives.base import LossOutput, Objective
@@ -33,6 +33,18 @@ from lmforge.registry import OBJECTIVES
 
 LM_SEGMENTS = 6
 """Segment types with objective.lm_segments: A/B of bidirectional rows, left-to-right, right-to-left, source/target."""
+KIND_SEGMENTS = torch.tensor(
+    [
+        # first segment id, 1 where the A/B (source/target) id 0/1 is added to it
+        [0, 1],  # bidirectional: A/B 0/1
+        [2, 0],  # left_to_right
+        [3, 0],  # right_to_left
+        [4, 1],  # seq2seq: source/target 4/5
+    ]
+)
+"""The segment ids of each attention kind (row, by code) with objective.lm_segments."""
+NSP_KINDS = torch.tensor([True, False, False, False])
+"""Per attention kind (by code): whether its rows train next-sentence prediction, and so may get a NotNext B."""
 
 
 @dataclass
@@ -87,7 +99,7 @@ class UniLMLoader(SentencePairLoader):
         u = rng.random(1 if self.per_batch else n)
         kinds = np.minimum(np.searchsorted(self.cdf, u, side="right"), len(self.cdf) - 1)
         kinds = np.broadcast_to(kinds, (n,)).astype(np.int64)
-        batch = self.pairs(chunks, rng, negatives=(kinds == BIDIRECTIONAL) if self.nsp else np.zeros(n, bool))
+        batch = self.pairs(chunks, rng, negatives=NSP_KINDS.numpy()[kinds] if self.nsp else np.zeros(n, bool))
         real = batch["attention_mask"].bool()
         batch["attn_kind"] = torch.from_numpy(kinds)
         batch["prefix_len"] = ((batch["token_type_ids"] == 0) & real).sum(1)  # [CLS] A [SEP]
@@ -97,11 +109,8 @@ class UniLMLoader(SentencePairLoader):
 def lm_segment_ids(token_type_ids: Tensor, attn_kind: Tensor) -> Tensor:
     """UniLM's segment ids (§2.1, the LM identifier): A/B 0/1 (bidirectional), 2 (left-to-right), 3 (right-to-left),
     source/target 4/5 (seq2seq)."""
-    kind, tt = attn_kind[:, None], token_type_ids
-    seq2seq = 4 + tt
-    seg = torch.where(kind == RIGHT_TO_LEFT, torch.full_like(tt, 3), seq2seq)
-    seg = torch.where(kind == LEFT_TO_RIGHT, torch.full_like(tt, 2), seg)
-    return torch.where(kind == BIDIRECTIONAL, tt, seg)
+    first, ab = by_kind(KIND_SEGMENTS, attn_kind).to(token_type_ids)[:, None].unbind(-1)  # (B, 1)
+    return first + ab * token_type_ids
 
 
 @OBJECTIVES.register("unilm")
@@ -188,7 +197,7 @@ class UniLM(MaskedObjective):
         metrics = self._kind_metrics(logits.detach(), target, position_kind) if n else {}
         total = cloze
         if self.options.nsp:
-            nsp, nsp_metrics = self._nsp(out.nsp_logits, batch["sentence_label"], kind == BIDIRECTIONAL)
+            nsp, nsp_metrics = self._nsp(out.nsp_logits, batch["sentence_label"], by_kind(NSP_KINDS, kind))
             total, metrics = total + nsp, {**metrics, **nsp_metrics, "mlm_loss": cloze.detach()}
         for extra in (out.pooled, out.nsp_logits, out.rtd_logits):  # unused heads join the graph (DDP)
             if extra is not None:

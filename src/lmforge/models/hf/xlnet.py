@@ -17,7 +17,9 @@ from lmforge.models import families
 from lmforge.models.config import ModelConfig
 from lmforge.models.hf.base import Converter, Pair, StateDict, act_from_hf, act_to_hf, build, linear, register
 
-_IN_PROJ = ("q", "k", "v", "r")  # x @ W
+_TRANSPOSED = {"q": True, "k": True, "v": True, "r": True, "o": False}
+"""The rel_attn projections, which HF stores (d, H, hd): whether our 2-d weight is theirs flattened and transposed
+(q, k, v, r: HF computes x @ W) or only flattened (o)."""
 _MASK_EMB = "transformer.mask_emb"
 
 
@@ -135,10 +137,9 @@ class XLNetConverter(Converter):
         flat = dict(sd)
         for name, t in sd.items():
             kind = name.rsplit(".", 1)[-1]
-            if ".rel_attn." in name and kind in _IN_PROJ:
-                flat[name] = t.reshape(t.shape[0], -1).t()  # (d, H, hd) -> (H·hd, d)
-            elif ".rel_attn." in name and kind == "o":
-                flat[name] = t.reshape(t.shape[0], -1)  # (d, H, hd) -> (d, H·hd)
+            if ".rel_attn." in name and kind in _TRANSPOSED:
+                w = t.reshape(t.shape[0], -1)  # (d, H, hd) -> (d, H·hd)
+                flat[name] = w.t() if _TRANSPOSED[kind] else w
             elif name == _MASK_EMB:
                 flat[name] = t.reshape(-1)
         return super().state_from_hf(flat, cfg)
@@ -148,10 +149,8 @@ class XLNetConverter(Converter):
         H, hd = cfg.n_heads, cfg.d_model // cfg.n_heads
         for name, t in out.items():
             kind = name.rsplit(".", 1)[-1]
-            if ".rel_attn." in name and kind in _IN_PROJ:
-                out[name] = t.t().reshape(cfg.d_model, H, hd)
-            elif ".rel_attn." in name and kind == "o":
-                out[name] = t.reshape(cfg.d_model, H, hd)
+            if ".rel_attn." in name and kind in _TRANSPOSED:
+                out[name] = (t.t() if _TRANSPOSED[kind] else t).reshape(cfg.d_model, H, hd)
             elif name == _MASK_EMB:
                 out[name] = t.reshape(1, 1, -1)
         return out
