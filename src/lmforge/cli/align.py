@@ -38,7 +38,7 @@ def add_parser(sub, name: str) -> None:
     bo.set_defaults(fn=run)
     _add_compare(al)
     ad = al.add_parser("data", help="write an instruction or preference set built from project data")
-    ad.add_argument("kind", choices=["instructions", "preferences"])
+    ad.add_argument("kind", choices=list(DATA_KINDS))
     ad.add_argument("--out", required=True)
     ad.add_argument("--source", action="append", help="sentiment, debian (instructions); sentiment, continuation")
     ad.set_defaults(fn=run)
@@ -211,22 +211,33 @@ def cmd_compare(
     return rows
 
 
+def _instruction_set(out: str, sources: list[str] | None, limits: dict[str, int | None]) -> dict[str, int]:
+    from lmforge.align.datasets import write_instruction_set
+
+    return write_instruction_set(out, sources or ["sentiment"], limits)
+
+
+def _preference_set(out: str, sources: list[str] | None, limits: dict[str, int | None]) -> dict[str, int]:
+    from lmforge.align.datasets import write_preference_set
+
+    src = sources or ["continuation"]
+    if len(src) != 1:
+        raise LMForgeError("a preference set is built from one source")
+    return write_preference_set(out, src[0], limits)
+
+
+DATA_KINDS = {"instructions": _instruction_set, "preferences": _preference_set}
+"""`lmforge align data` KIND → its writer (out, sources, per-split limits) → the record counts."""
+
+
 def cmd_align_data(
     kind: str, out: str, sources: list[str] | None = None, max_train: int | None = 2000, max_eval: int | None = 200
 ) -> dict[str, int]:
     """Write an instruction set (kind "instructions": sources sentiment, debian) or a preference set ("preferences":
     source sentiment or continuation) as train/dev/test.jsonl under `out`; returns the record counts."""
-    from lmforge.align.datasets import write_instruction_set, write_preference_set
-
+    if kind not in DATA_KINDS:
+        raise LMForgeError(f"unknown data kind '{kind}' ({' or '.join(DATA_KINDS)})")
     limits = {"train": max_train, "dev": max_eval, "test": max_eval}
-    if kind == "instructions":
-        counts = write_instruction_set(out, sources or ["sentiment"], limits)
-    elif kind == "preferences":
-        src = sources or ["continuation"]
-        if len(src) != 1:
-            raise LMForgeError("a preference set is built from one source")
-        counts = write_preference_set(out, src[0], limits)
-    else:
-        raise LMForgeError(f"unknown data kind '{kind}' (instructions or preferences)")
+    counts = DATA_KINDS[kind](out, sources, limits)
     print(f"{kind} written to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return counts

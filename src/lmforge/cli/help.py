@@ -229,15 +229,18 @@ def schema_help(kind: str, schema: type, recipe: str | None, overrides: list[str
     return "\n".join(parts + ["config keys (--section.key=value):", *key_lines(schema, "", values=values)])
 
 
+LISTING_COMMANDS = {"experiments": "lmforge experiment", "scaling": "lmforge scaling"}
+"""Recipe directory of a listing → the command that runs its files."""
+
+
 def listing_help(kind: str, name: str | None) -> str:
     """`lmforge experiment --help` / `lmforge scaling --help`: the bundled files, or the named one's description."""
     if name is None:
         return "\n".join([f"bundled (recipes/{kind}):", *recipe_lines(kind)])
     path = resolve_recipe(name, kind)
     assert path is not None
-    command = "lmforge experiment" if kind == "experiments" else f"lmforge {kind}"
     return "\n".join([f"{name} ({path}):", *["  " + x if x else "" for x in recipe_comment(path)], "",
-                      f"its runs, without running them: {command} {name} --dry-run"])  # fmt: skip
+                      f"its runs, without running them: {LISTING_COMMANDS[kind]} {name} --dry-run"])  # fmt: skip
 
 
 _EPILOGS = {"pretrain": pretrain_help, "finetune": finetune_help}

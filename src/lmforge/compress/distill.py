@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,13 @@ def soft_target_loss(student_logits: Tensor, teacher_logits: Tensor, temperature
     return kl * temperature**2
 
 
+HIDDEN_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "cosine": lambda s, t: 1 - F.cosine_similarity(s, t, dim=-1),
+    "mse": lambda s, t: (s - t).pow(2).mean(-1),
+}
+"""Hidden-state loss kind → its loss at each position, (N, d) student and teacher states → (N,)."""
+
+
 def hidden_state_loss(
     student_h: Tensor, teacher_h: Tensor, kind: Literal["cosine", "mse"] = "cosine", mask: Tensor | None = None
 ) -> Tensor:
@@ -38,7 +46,7 @@ def hidden_state_loss(
     if student_h.shape != teacher_h.shape:
         raise LMForgeError(f"hidden states differ in shape: {tuple(student_h.shape)} vs {tuple(teacher_h.shape)}")
     s, t = student_h.float().flatten(0, -2), teacher_h.float().flatten(0, -2)  # (N, d)
-    per = 1 - F.cosine_similarity(s, t, dim=-1) if kind == "cosine" else (s - t).pow(2).mean(-1)  # (N,)
+    per = HIDDEN_LOSSES[kind](s, t)  # (N,)
     if mask is None:
         return per.mean()
     m = mask.flatten().to(per.dtype)

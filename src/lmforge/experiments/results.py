@@ -302,7 +302,7 @@ def write_report(exp: Experiment, results: list[ArmResult], budget: str) -> list
         write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines, spreads)),
         write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines, spreads)),
     ]
-    x_kind = "flops" if exp.budget is not None and exp.budget.kind == "flops" else "tokens"
+    x_kind = "tokens" if exp.budget is None else exp.budget.unit.loss_x
     fig = loss_figure(of_stage(results, "pretrain"), x_kind)
     if fig is not None:
         paths.append(save_figure(fig, exp.out / "plots" / f"{exp.name}-loss.png"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +14,7 @@ from typing import Any, Literal
 from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.experiments.arms import flatten
 from lmforge.experiments.claims import Claim, parse_claims
+from lmforge.experiments.tables import sci, si
 
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval", "claims")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
@@ -32,6 +34,26 @@ ARCHES = ("decoder", "encoder", "encoder-decoder")
 BudgetKind = Literal["tokens", "flops", "steps"]
 
 
+@dataclass(frozen=True)
+class BudgetUnit:
+    """How a budget kind is written and drawn."""
+
+    name: str
+    """What it counts, as the report writes it ('equal FLOPs', '2.00e+14 FLOPs')."""
+    number: Callable[[float], str]
+    """The amount as the report writes it ('6.29M', '2.00e+14', '1200')."""
+    loss_x: str
+    """What the loss curves' x axis counts (`plots.loss_figure`'s x)."""
+
+
+BUDGET_UNITS: dict[str, BudgetUnit] = {
+    "tokens": BudgetUnit("tokens", si, "tokens"),
+    "flops": BudgetUnit("FLOPs", sci, "flops"),
+    "steps": BudgetUnit("steps", lambda v: str(int(v)), "tokens"),
+}
+"""Budget kind → its unit."""
+
+
 @dataclass
 class Budget:
     """What every pretraining arm gets the same of: training tokens (batch × seq_len × grad_accum a step),
@@ -40,16 +62,16 @@ class Budget:
     kind: BudgetKind
     value: float
 
+    @property
+    def unit(self) -> BudgetUnit:
+        return BUDGET_UNITS[self.kind]
+
     def amount(self) -> str:
         """'6.29M tokens', '2.00e+14 FLOPs', '1200 steps'."""
-        from lmforge.experiments.tables import sci, si
-
-        if self.kind == "steps":
-            return f"{int(self.value)} steps"
-        return f"{si(self.value)} tokens" if self.kind == "tokens" else f"{sci(self.value)} FLOPs"
+        return f"{self.unit.number(self.value)} {self.unit.name}"
 
     def describe(self) -> str:
-        return f"equal {'FLOPs' if self.kind == 'flops' else self.kind}, {self.amount()} an arm"
+        return f"equal {self.unit.name}, {self.amount()} an arm"
 
 
 @dataclass
@@ -378,7 +400,7 @@ def _ensembles(value: Any, arms: list[str], seeds: list[int]) -> list[EnsembleSp
 def _budget(value: Any, where: str) -> Budget | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("tokens", "flops", "steps"):
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in BUDGET_UNITS:
         raise LMForgeError(f"{where}: expected one of {{tokens: N}}, {{flops: N}} or {{steps: N}}, got {value!r}")
     kind, n = next(iter(value.items()))
     try:

@@ -14,8 +14,10 @@ Everything else is refused in one line saying what differs."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,11 +32,6 @@ FAMILY = {"gpt2": "GPT2", "openai-gpt": "OpenAIGPT", "llama": "Llama", "bert": "
           "albert": "Albert", "electra": "Electra", "t5": "T5", "bart": "Bart"}  # fmt: skip
 BASE_PREFIX = {"gpt2": "transformer.", "openai-gpt": "transformer.", "llama": "model.", "bert": "bert.",
                "roberta": "roberta.", "albert": "albert.", "electra": "electra."}  # fmt: skip
-KINDS = {
-    "sequence": ("ForSequenceClassification", "AutoModelForSequenceClassification"),
-    "token": ("ForTokenClassification", "AutoModelForTokenClassification"),
-    "span": ("ForQuestionAnswering", "AutoModelForQuestionAnswering"),
-}
 # Which (family, head kind) pairs transformers has with our head's math; the reason where it has none.
 REFUSED = {
     ("llama", "sequence"): "its score layer has no bias and Llama's final RMSNorm none to fold ours into",
@@ -134,6 +131,40 @@ def _sequence_head(conv, model: TaskModel, sd: StateDict) -> None:
     _linear(sd, "classifier", head.out)
 
 
+def _token_head(conv, model: TaskModel, sd: StateDict) -> None:
+    _linear(sd, "score" if conv.model_type == "llama" else "classifier", model.head.out)
+
+
+def _span_head(conv, model: TaskModel, sd: StateDict) -> None:
+    _linear(sd, "qa_outputs", model.head.out)
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """What the export of one head kind writes."""
+
+    suffix: str
+    """The transformers class's name after the family's (GPT2 + ForSequenceClassification)."""
+    auto_class: str
+    add_head: Callable[[Any, TaskModel, StateDict], None]
+    """(converter, model, sd): adds the head's tensors to sd under the class's names."""
+    keeps_pooler: bool = False
+    """The class has the backbone's pooler (RobertaForSequenceClassification excepted)."""
+    labelled: bool = True
+    """config.json names the labels (num_labels, id2label, label2id)."""
+    problem_type: str | None = None
+    """config.json's problem_type (a regression task's is "regression")."""
+
+
+HEAD_KINDS = {
+    "sequence": HeadKind("ForSequenceClassification", "AutoModelForSequenceClassification", _sequence_head,
+                         keeps_pooler=True, problem_type="single_label_classification"),
+    "token": HeadKind("ForTokenClassification", "AutoModelForTokenClassification", _token_head),
+    "span": HeadKind("ForQuestionAnswering", "AutoModelForQuestionAnswering", _span_head, labelled=False),
+}  # fmt: skip
+"""Head kind (`head_kind`, "lm" aside) → what its export writes."""
+
+
 def _check_supported(model: TaskModel, model_type: str, kind: str) -> None:
     why = REFUSED.get((model_type, kind))
     if why is None and model.config.is_encoder_decoder and (model_type != "t5" or model.fmt == "bart"):
@@ -153,33 +184,28 @@ def task_to_hf(task, model: TaskModel) -> HFTaskModel:
     for role in ("bos", "eos"):
         tid = getattr(task.tokenizer, f"{role}_id")
         hf_cfg[f"{role}_token_id"] = tid  # not the family's defaults (GPT-2's 50256), which this vocabulary lacks
-    if kind == "lm":
+    if model.head is None:  # kind "lm": the LM itself
         return HFTaskModel(hf_sd, {**hf_cfg, **lm_task_fields(task)}, conv.auto_class(model.config),
                            generation_config(task, model.config))  # fmt: skip
     _check_supported(model, conv.model_type, kind)
+    spec = HEAD_KINDS[kind]
     pooler = getattr(conv, "pooler_name", None)
-    keep_pooler = kind == "sequence" and model.config.pooler and conv.model_type != "roberta"
+    keep_pooler = spec.keeps_pooler and model.config.pooler and conv.model_type != "roberta"
     sd = _base(hf_sd, conv.model_type, keep_pooler, pooler)
-    head = model.head
-    if kind == "sequence":
-        _sequence_head(conv, model, sd)
-    elif kind == "token":
-        _linear(sd, "score" if conv.model_type == "llama" else "classifier", head.out)
-    else:
-        _linear(sd, "qa_outputs", head.out)
-    suffix, auto = KINDS[kind]
-    hf_cfg = {**hf_cfg, "architectures": [FAMILY[conv.model_type] + suffix], **label_fields(task, kind)}
+    spec.add_head(conv, model, sd)
+    hf_cfg = {**hf_cfg, "architectures": [FAMILY[conv.model_type] + spec.suffix], **label_fields(task, kind)}
     if model.config.is_decoder:
         hf_cfg["pad_token_id"] = task.pad_id  # GPT2ForSequenceClassification pools the last token that is not pad
     if conv.model_type == "t5":
         hf_cfg["is_encoder_decoder"] = False
     hf_cfg["lmforge_task"] = {"type": task.name, "format": model.fmt}
-    return HFTaskModel(sd, hf_cfg, auto)
+    return HFTaskModel(sd, hf_cfg, spec.auto_class)
 
 
 def label_fields(task, kind: str) -> dict:
     """num_labels, id2label, label2id and problem_type of the head."""
-    if kind == "span":
+    spec = HEAD_KINDS[kind]
+    if not spec.labelled:
         return {}
     if task.name == "regression":
         return {"num_labels": 1, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
@@ -187,8 +213,8 @@ def label_fields(task, kind: str) -> dict:
     labels = list(task.labels or [])
     fields = {"num_labels": len(labels), "id2label": {str(i): n for i, n in enumerate(labels)},
               "label2id": {n: i for i, n in enumerate(labels)}}  # fmt: skip
-    if kind == "sequence":
-        fields["problem_type"] = "single_label_classification"
+    if spec.problem_type is not None:
+        fields["problem_type"] = spec.problem_type
     return fields
 
 

@@ -35,18 +35,27 @@ def first_subtokens(words: list[str], offsets: list[tuple[int, int]]) -> list[in
     return first
 
 
+_ENTITY_AFTER = {
+    "B": lambda cur, typ, i: (typ, i),
+    "I": lambda cur, typ, i: cur if cur is not None and cur[0] == typ else (typ, i),
+    "O": lambda cur, typ, i: None,
+}
+"""BIO tag prefix → the entity in progress, (type, first word) or None, after the tag at word i, given `cur`, the
+one before it: B- starts one, I- continues one of its type (else starts one, as conlleval counts it), O ends it.
+A tag of another prefix leaves `cur` as it is."""
+
+
 def bio_entities(tags: list[str]) -> set[tuple[str, int, int]]:
     """(type, first word, last word) of each entity in a BIO (or IOB1) sequence; I- after O or another type
     starts an entity, as conlleval counts it."""
     out, cur = set(), None
     for i, tag in enumerate([*tags, "O"]):
-        kind, _, typ = tag.partition("-")
-        starts = kind == "B" or (kind == "I" and (cur is None or cur[0] != typ))
-        if cur is not None and (kind == "O" or starts):
+        prefix, _, typ = tag.partition("-")
+        step = _ENTITY_AFTER.get(prefix)
+        after = cur if step is None else step(cur, typ, i)
+        if cur is not None and after != cur:
             out.add((cur[0], cur[1], i - 1))
-            cur = None
-        if starts:
-            cur = (typ, i)
+        cur = after
     return out
 
 
