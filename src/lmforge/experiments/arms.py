@@ -208,7 +208,10 @@ STAGES: dict[str, Stage] = {
 
 def of_stage(results: Iterable[ArmResult], kind: ArmKind) -> list[ArmResult]:
     """The results of the arms of one kind, in order."""
-    return [r for r in results if r.arm.kind == kind]
+    by_kind: dict[str, list[ArmResult]] = {k: [] for k in STAGES}
+    for r in results:
+        by_kind[r.arm.kind].append(r)
+    return by_kind[kind]
 
 
 def arm_final(arm: Arm) -> dict | None:

@@ -21,6 +21,9 @@ head alone, so a model's logits do not depend on whether it has MTP heads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -28,22 +31,39 @@ from lmforge.models.config import ModelConfig
 from lmforge.models.layers import Block, make_norm
 
 
+@dataclass(frozen=True)
+class HeadKind:
+    """One kind of extra head (`ModelConfig.mtp_head`): the module list its D heads live in (their state-dict name),
+    how one is built, and how it maps the trunk's z to its hidden states."""
+
+    attr: str
+    build: Callable[[ModelConfig], nn.Module]
+    apply: Callable[[nn.Module, Tensor, object, int], Tensor]
+    """(head, z (B, T, d), the stack's attention inputs, the last layer's index) -> (B, T, d)."""
+
+
+HEAD_KINDS = {
+    "block": HeadKind("blocks", Block, lambda head, z, inp, last: head(z, inp, last)),  # f_h(k+1)(z), not chained
+    "linear": HeadKind(
+        "linear", lambda cfg: nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias), lambda head, z, inp, last: head(z)
+    ),
+}
+
+
 class MTPHeads(nn.Module):
     """The D extra prediction heads of a decoder-only Transformer (their parameters live in the model)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.sequential, self.kind = cfg.mtp_sequential, cfg.mtp_head
+        self.sequential = cfg.mtp_sequential
+        self.head = HEAD_KINDS["block" if self.sequential else cfg.mtp_head]  # a depth of the chain is a block
         d, n = cfg.d_model, cfg.mtp_heads
         if self.sequential:
             self.h_norm = nn.ModuleList(make_norm(cfg) for _ in range(n))
             self.e_norm = nn.ModuleList(make_norm(cfg) for _ in range(n))
             self.proj = nn.ModuleList(nn.Linear(2 * d, d, bias=False) for _ in range(n))  # M_k
             self.norm = nn.ModuleList(make_norm(cfg) for _ in range(n))  # each depth's own output norm
-        if self.sequential or self.kind == "block":
-            self.blocks = nn.ModuleList(Block(cfg) for _ in range(n))
-        else:
-            self.linear = nn.ModuleList(nn.Linear(d, d, bias=cfg.bias) for _ in range(n))
+        setattr(self, self.head.attr, nn.ModuleList(self.head.build(cfg) for _ in range(n)))
 
     def forward(
         self, model: nn.Module, h: Tensor, trunk: Tensor, input_ids: Tensor, attention_mask: Tensor | None
@@ -59,25 +79,22 @@ class MTPHeads(nn.Module):
         T = input_ids.shape[1]
         last = stack.n_layers - 1  # every head is a sibling of f_h1, the stack's last layer
         inp = stack._self_inputs(trunk, torch.arange(T, device=trunk.device), attention_mask, None, None)
-        out = []
-        for k in range(1, self._n + 1):
-            if self.kind == "block":
-                z = self.blocks[k - 1](trunk, inp, last)  # (B, T, d): f_h(k+1)(z), not chained
-            else:
-                z = self.linear[k - 1](trunk)
+        out, heads = [], self._heads
+        for k in range(1, len(heads) + 1):
+            z = self.head.apply(heads[k - 1], trunk, inp, last)  # (B, T, d)
             # f_u: the stack's final norm (and its dropout, where configured), then the shared LM head; the last k
             # positions' targets lie past the window.
             out.append(model.logits(stack.output(z)[:, : T - k]))
         return out
 
     @property
-    def _n(self) -> int:
-        return len(self.blocks) if hasattr(self, "blocks") else len(self.linear)
+    def _heads(self) -> nn.ModuleList:
+        return getattr(self, self.head.attr)
 
     def _sequential(self, model: nn.Module, h: Tensor, input_ids: Tensor, attention_mask: Tensor | None):
         T = input_ids.shape[1]
         out, prev = [], h
-        for k in range(1, self._n + 1):
+        for k in range(1, len(self._heads) + 1):
             n = T - k  # positions whose target t + k + 1 lies inside the window
             pad = attention_mask[:, :n] if attention_mask is not None else None
             inp = model.decoder._self_inputs(h[:, :n], torch.arange(n, device=h.device), pad, None, None)
