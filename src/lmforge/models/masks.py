@@ -48,10 +48,17 @@ KIND_SEES = torch.tensor(
 """The key sets a query of each kind (row, by code) may attend to: the union of those marked."""
 
 
+_ON_DEVICE: dict[tuple[int, torch.device], Tensor] = {}
+"""Each table's copy on each device it was used on, made once: a copy from pageable host memory in every step
+would wait for the device."""
+
+
 def by_kind(table: Tensor, attn_kind: Tensor) -> Tensor:
-    """table[attn_kind]: the rows of a table indexed by kind code, on attn_kind's device (copied without waiting for
-    the device)."""
-    return table.to(attn_kind.device, non_blocking=True)[attn_kind]
+    """table[attn_kind]: the rows of a (module-level) table indexed by kind code, on attn_kind's device."""
+    key = (id(table), attn_kind.device)
+    if key not in _ON_DEVICE:
+        _ON_DEVICE[key] = table.to(attn_kind.device)
+    return _ON_DEVICE[key][attn_kind]
 
 
 def kind_allowed(
