@@ -21,6 +21,10 @@ from lmforge.errors import LMForgeError
 from lmforge.models.init import token_embedding_std
 
 GENERATION_CONFIG = "generation_config.json"
+_CONFIG, _PENDING_IDS = "_generation_config", "_generation_token_ids"
+"""Where a model keeps its generation config, and the tokenizer ids given for it before it exists: the config (and
+the transformers import it needs, ~0.5 s) is made when first read, not when a loaded model is given its tokenizer's
+ids (every `lmforge finetune` and `lmforge eval` process loads a model)."""
 IGNORE_INDEX = -100
 """Label value that takes no part in the loss (Hugging Face's and PyTorch's convention)."""
 
@@ -68,7 +72,7 @@ def generate_options(model, passed: dict[str, Any], config=None) -> dict[str, An
     """The options of one `generate` call: each passed value (not None) wins, then the generation config's (the
     `generation_config=` argument, else the model's), then GENERATE_DEFAULTS. Fields of the config that change
     decoding and that lmforge's decoder does not implement are named in a warning (they are not applied)."""
-    config = config if config is not None else model.__dict__.get("_generation_config")
+    config = config if config is not None else own_generation_config(model)
     out = {}
     for name, default in GENERATE_DEFAULTS.items():
         value = passed.get(name)
@@ -81,6 +85,13 @@ def generate_options(model, passed: dict[str, Any], config=None) -> dict[str, An
             values = ", ".join(f"{k}={getattr(config, k, None)!r}" for k in ignored)
             warnings.warn(f"generate() does not apply these generation_config fields: {values}", stacklevel=3)
     return out
+
+
+def own_generation_config(model):
+    """The model's generation config where it has one (set, read, or tokenizer ids given for it), else None: a model
+    without one decodes with GENERATE_DEFAULTS and saves no generation_config.json."""
+    has = _CONFIG in model.__dict__ or _PENDING_IDS in model.__dict__
+    return model.generation_config if has else None
 
 
 def read_generation_config(model, ckpt: Path) -> None:
@@ -133,19 +144,27 @@ class HFTrainingSurface:
         """The `transformers.GenerationConfig` whose values `generate` takes when a call does not pass them (the
         decoder start id of an encoder-decoder; bos / eos / pad of the tokenizer the model was saved or loaded
         with, or of `set_generation_tokens`; a saved generation_config.json's values win over the tokenizer's)."""
-        config = self.__dict__.get("_generation_config")
+        config = self.__dict__.get(_CONFIG)
         if config is None:
-            config = self.__dict__["_generation_config"] = new_generation_config(self.config)  # type: ignore[attr-defined]
+            config = self.__dict__[_CONFIG] = new_generation_config(self.config)  # type: ignore[attr-defined]
+            for name, value in self.__dict__.pop(_PENDING_IDS, {}).items():
+                setattr(config, name, value)
         return config
 
     @generation_config.setter
     def generation_config(self, config) -> None:
-        self.__dict__["_generation_config"] = config
+        self.__dict__.pop(_PENDING_IDS, None)
+        self.__dict__[_CONFIG] = config
 
     def set_generation_tokens(self, tokenizer) -> None:
         """Give the generation config the bos / eos / pad ids `tokenizer` defines (lmforge's or a transformers
-        tokenizer), as `transformers.Trainer` aligns a model with its tokenizer."""
-        for name, value in token_ids(tokenizer).items():
+        tokenizer), as `transformers.Trainer` aligns a model with its tokenizer; a model without a generation config
+        yet keeps them for the one `generation_config` makes when first read."""
+        ids = token_ids(tokenizer)
+        if _CONFIG not in self.__dict__:
+            self.__dict__[_PENDING_IDS] = self.__dict__.get(_PENDING_IDS, {}) | ids
+            return
+        for name, value in ids.items():
             setattr(self.generation_config, name, value)
 
     # ----------------------------------------------------------------- vocabulary

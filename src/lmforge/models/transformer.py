@@ -36,6 +36,7 @@ from lmforge.models.hf_training import (
     IGNORE_INDEX,
     HFTrainingSurface,
     generate_options,
+    own_generation_config,
     read_generation_config,
     shift_right,
 )
@@ -306,8 +307,9 @@ class Transformer(HFTrainingSurface, TransformerCore):
             export_hf(self, out, tokenizer)
         else:
             _save_lmforge(self, out, tokenizer, state_dict)
-        if "_generation_config" in self.__dict__:  # set or read: the values generate will use travel with the model
-            self.generation_config.save_pretrained(out)
+        config = own_generation_config(self)  # set, read or given ids: the values generate uses travel with the model
+        if config is not None:
+            config.save_pretrained(out)
         return out
 
     @classmethod
