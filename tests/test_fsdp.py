@@ -21,6 +21,7 @@ from process_testing import free_port
 
 from lmforge.checkpoint.layout import MANIFEST_FILE, WEIGHTS_FILE, list_checkpoints
 from lmforge.checkpoint.read import read_config, read_weights
+from lmforge.checkpoint.train_state import load_train_state
 from lmforge.checkpoint.verify import latest_checkpoint, verify_checkpoint
 from lmforge.cli import main
 from lmforge.errors import LMForgeError
@@ -227,6 +228,26 @@ def test_crafted_shard_metadata_is_refused_without_running_it(runs, tmp_path):
     with pytest.raises(LMForgeError, match=r"global (posix|os)\.system is not allowed in checkpoint metadata"):
         read_weights(c)
     assert not marker.exists()
+
+
+def test_ranks_a_resumed_checkpoint_did_not_have_draw_their_own_masks(prepared, tmp_path):
+    """One process saves at step 2; two continue from it with the same global batch. The new rank may not take a
+    copy of the saved rank's batch-source generator (it would draw the same masks as rank 0 at every step)."""
+    _, data = prepared
+    common = ["bert", "--model.preset=bert-tiny", "--model.vocab_size=512", "--train.seq_len=32",
+              "--train.log_every=1", "--train.eval_every=100", "--train.save_every=2", "--sample.prompts=[]",
+              "--train.eval_batches=2"]  # fmt: skip
+    run = tmp_path / "run"
+    one_process("pretrain", f"--run.dir={run}", f"--data.inputs=[{data.parent / 'docs.jsonl'}]",
+                "--data.vocab_size=512", "--train.batch_size=4", "--train.max_steps=2", *common,
+                cwd=tmp_path)  # fmt: skip
+    torchrun(2, "pretrain", f"--run.dir={run}", "--train.batch_size=2", "--train.max_steps=4", "--resume", *common,
+             cwd=tmp_path)  # fmt: skip
+    newest = latest_checkpoint(run)
+    assert newest.name.endswith("4")
+    loaders = load_train_state(newest)["loader"]
+    assert len(loaders) == 2
+    assert not torch.equal(loaders[0]["generator"], loaders[1]["generator"])
 
 
 @pytest.mark.parametrize(
