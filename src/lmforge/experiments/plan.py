@@ -18,7 +18,8 @@ from typing import Any
 
 from lmforge.errors import LMForgeError
 from lmforge.experiments.arms import Arm, cli_args
-from lmforge.experiments.spec import ArmSpec, Budget, Experiment, FinetuneTask
+from lmforge.experiments.budget import Budget
+from lmforge.experiments.spec import ArmSpec, Experiment, FinetuneTask
 
 
 @dataclass

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from lmforge.errors import LMForgeError, did_you_mean
 from lmforge.experiments.arms import flatten
+from lmforge.experiments.budget import Budget, parse_budget
 from lmforge.experiments.claims import Claim, parse_claims
-from lmforge.experiments.tables import sci, si
 
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval", "claims")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
@@ -31,47 +30,6 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 """An arm's, task's, evaluation's or ensemble's name: it names a directory of the experiment (OUT/finetune/TASK/
 ARM-sSEED), so never '..', a '/' or an empty string."""
 ARCHES = ("decoder", "encoder", "encoder-decoder")
-BudgetKind = Literal["tokens", "flops", "steps"]
-
-
-@dataclass(frozen=True)
-class BudgetUnit:
-    """How a budget kind is written and drawn."""
-
-    name: str
-    """What it counts, as the report writes it ('equal FLOPs', '2.00e+14 FLOPs')."""
-    number: Callable[[float], str]
-    """The amount as the report writes it ('6.29M', '2.00e+14', '1200')."""
-    loss_x: str
-    """What the loss curves' x axis counts (`plots.loss_figure`'s x)."""
-
-
-BUDGET_UNITS: dict[str, BudgetUnit] = {
-    "tokens": BudgetUnit("tokens", si, "tokens"),
-    "flops": BudgetUnit("FLOPs", sci, "flops"),
-    "steps": BudgetUnit("steps", lambda v: str(int(v)), "tokens"),
-}
-"""Budget kind → its unit."""
-
-
-@dataclass
-class Budget:
-    """What every pretraining arm gets the same of: training tokens (batch × seq_len × grad_accum a step),
-    training FLOPs (`Objective.window_flops` × batch × grad_accum a step) or optimizer steps."""
-
-    kind: BudgetKind
-    value: float
-
-    @property
-    def unit(self) -> BudgetUnit:
-        return BUDGET_UNITS[self.kind]
-
-    def amount(self) -> str:
-        """'6.29M tokens', '2.00e+14 FLOPs', '1200 steps'."""
-        return f"{self.unit.number(self.value)} {self.unit.name}"
-
-    def describe(self) -> str:
-        return f"equal {self.unit.name}, {self.amount()} an arm"
 
 
 @dataclass
@@ -205,7 +163,8 @@ def load_experiment(path: str | Path, cli: list[str] | None = None, out: str | N
     overrides = _overrides(pt.get("overrides"), "pretrain.overrides") | flatten(user)
     if user and not pt:
         raise LMForgeError(f"--{next(iter(flatten(user)))}: this experiment has no pretraining arms to apply it to")
-    budget = _budget(pt["budget"], "pretrain.budget") if "budget" in pt else _budget(raw.get("budget"), "budget")
+    where = "pretrain.budget" if "budget" in pt else "budget"
+    budget = parse_budget(pt["budget"] if "budget" in pt else raw.get("budget"), where)
     arms = _arms(pt, "pretrain", default=default_name(str(pt.get("recipe", "gpt")))) if pt else []
     for arm in arms:
         if isinstance(arm.recipe, dict):
@@ -397,21 +356,6 @@ def _ensembles(value: Any, arms: list[str], seeds: list[int]) -> list[EnsembleSp
     return out
 
 
-def _budget(value: Any, where: str) -> Budget | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in BUDGET_UNITS:
-        raise LMForgeError(f"{where}: expected one of {{tokens: N}}, {{flops: N}} or {{steps: N}}, got {value!r}")
-    kind, n = next(iter(value.items()))
-    try:
-        n = float(n)
-    except (TypeError, ValueError):
-        n = -1.0
-    if not n > 0:
-        raise LMForgeError(f"{where}.{kind}: expected a positive number, got {value[kind]!r}")
-    return Budget(kind, n)
-
-
 def _arms(section: dict, stage: str, default: str, base: list[ArmSpec] | None = None) -> list[ArmSpec]:
     """Named arms (default: `base`, else one) × the grid (every combination of its values), each arm's dotted keys
     over the grid's."""
@@ -450,7 +394,7 @@ def _arm(a: Any, stage: str) -> ArmSpec:
     if recipe is not None and not isinstance(recipe, (str, dict)):
         raise LMForgeError(f"{stage}.arms: {name}: recipe: expected a recipe name or path, got {recipe!r}")
     init = a.get("init")
-    budget = _budget(a.get("budget"), f"{stage}.arms: {name}: budget")
+    budget = parse_budget(a.get("budget"), f"{stage}.arms: {name}: budget")
     return ArmSpec(name, dotted, recipe, None if init is None else str(init), budget)
 
 
