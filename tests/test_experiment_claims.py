@@ -52,6 +52,7 @@ def test_lower_is_better_flips_the_sign():
     loss = Claim("lower loss", "dynamic", "static", "val loss", lower_is_better=True)
     got = decide(loss, by_seed([4.20, 4.22, 4.21], [4.30, 4.31, 4.33]), None)
     assert got["difference"] == pytest.approx(0.1033, abs=1e-3) and got["verdict"] == "reproduced"
+    assert "| +0.103 [+0.065, +0.141] |" in render([got])  # a loss difference keeps the interval's two digits
 
 
 def test_values_come_from_the_runs_by_arm_and_seed_and_the_report_renders_them():

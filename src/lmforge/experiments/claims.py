@@ -15,6 +15,7 @@ then *failed arm*, never a data point. A column where lower is better (a validat
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,12 @@ def decide(claim: Claim, by_seed: dict[str, dict[int, float]], majority: float |
                   "why": f"these seeds resolve only differences beyond ±{half:.2g}"}  # fmt: skip
 
 
+def decimals(half: float) -> int:
+    """Decimals that show an interval of half-width `half` to two significant digits (at least 2: accuracy points
+    read as +1.23; a loss difference of 0.004 nats as +0.0040)."""
+    return max(2, 1 - math.floor(math.log10(half))) if half > 0 else 2
+
+
 def render(decided: list[dict[str, Any]]) -> str:
     """The report's "Claims" section: one row per claim."""
     from lmforge.experiments.tables import markdown_table
@@ -120,7 +127,8 @@ def render(decided: list[dict[str, Any]]) -> str:
     for d in decided:
         if "difference" in d and "ci95" in d:
             lo, hi = d["ci95"]
-            ours = f"{d['difference']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+            n = decimals((hi - lo) / 2)
+            ours = f"{d['difference']:+.{n}f} [{lo:+.{n}f}, {hi:+.{n}f}]"
         elif "difference" in d:
             ours = f"{d['difference']:+.2f}"
         else:
