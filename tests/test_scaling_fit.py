@@ -124,3 +124,21 @@ def test_report_flags_parameters_the_runs_leave_open():
             "val_bpb": None, "seconds": None} for i in range(6)]  # fmt: skip
     report = render("t", {"description": "d", "compute": "6ND"}, pts, few)
     assert f"**Loosely determined: {', '.join(loose)}** (bootstrap intervals wider than a factor of 10)" in report
+
+
+def test_the_report_sets_each_published_exponent_beside_its_interval():
+    """Kaplan's and Chinchilla's exponents against the fit's bootstrap intervals: a value inside, above and below
+    its interval is named so, and an interval wider than a factor of 10 leaves the comparison unresolved."""
+    from lmforge.experiments.report import against_published, render
+
+    analysis = {"intervals": {"alpha": [0.05, 0.9], "beta": [0.13, 0.278], "compute_exponent": [0.034, 0.082]}}
+    got = {(p["exponent"], p["source"][:6]): p["verdict"] for p in against_published(analysis)}
+    assert got == {("α", "Kaplan"): "unresolved", ("α", "Hoffma"): "unresolved", ("β", "Kaplan"): "below",
+                   ("β", "Hoffma"): "above", ("γ", "Kaplan"): "inside"}  # fmt: skip
+    assert against_published({"intervals": {}}) == []
+    pts = [{"arm": "r0", "N_non_embedding": 1, "N_total": 1, "D": 1, "C": 1.0, "steps": 1, "val_loss": 3.0,
+            "val_bpb": None, "seconds": None}]  # fmt: skip
+    report = render("t", {"description": "d", "compute": "6ND"}, pts, analysis)
+    assert (
+        "| β | Kaplan et al. 2020 | α_D: L(D) with early stopping, eq. 1.2 | 0.095 | [0.13, 0.278] | below |" in report
+    )

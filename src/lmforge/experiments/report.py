@@ -96,6 +96,34 @@ def loose_parameters(analysis: dict) -> list[str]:
     return out
 
 
+PUBLISHED = (  # (our fit's key, symbol, source, their exponent, what theirs measures)
+    ("alpha", "α", "Kaplan et al. 2020", 0.076, "α_N: L(N) with data unlimited, eq. 1.1"),
+    ("alpha", "α", "Hoffmann et al. 2022", 0.34, "α of approach 3, this fit's form"),
+    ("beta", "β", "Kaplan et al. 2020", 0.095, "α_D: L(D) with early stopping, eq. 1.2"),
+    ("beta", "β", "Hoffmann et al. 2022", 0.28, "β of approach 3, this fit's form"),
+    ("compute_exponent", "γ", "Kaplan et al. 2020", 0.050, "α_C^min: L(C) on the compute frontier, eq. 1.3"),
+)
+
+
+def against_published(analysis: dict) -> list[dict[str, Any]]:
+    """Each published exponent beside this fit's bootstrap interval of the same exponent: "inside" the interval,
+    "above" or "below" it, or "unresolved" where the interval spans more than LOOSE_FACTOR (it would hold almost any
+    published value)."""
+    out = []
+    for key, symbol, source, theirs, what in PUBLISHED:
+        lo_hi = analysis.get("intervals", {}).get(key)
+        if not lo_hi:
+            continue
+        lo, hi = lo_hi
+        if lo <= 0 or hi / lo > LOOSE_FACTOR:
+            verdict = "unresolved"
+        else:
+            verdict = "inside" if lo <= theirs <= hi else ("above" if theirs > hi else "below")
+        out.append({"key": key, "exponent": symbol, "source": source, "published": theirs, "what": what,
+                    "interval": [lo, hi], "verdict": verdict})  # fmt: skip
+    return out
+
+
 def _ci(analysis: dict, key: str, fmt=lambda x: f"{x:.4g}") -> str:
     lo_hi = analysis.get("intervals", {}).get(key)
     return f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi else "–"
@@ -148,6 +176,15 @@ def render(title: str, meta: dict[str, Any], pts: list[dict[str, Any]], analysis
             f"C_c = {law['C_c']:.3g}, over {len(analysis['frontier'])} frontier runs "
             f"({', '.join(analysis['frontier'])}).\n"
         )
+    published = against_published(analysis)
+    if published:
+        lines.append("\n## Against the published exponents\n")
+        lines.append("Each published value beside this sweep's bootstrap interval of the same exponent: inside it, "
+                     "above or below it, or unresolved where the interval spans more than a factor of "
+                     f"{LOOSE_FACTOR}. The papers fitted models up to 10^9 parameters and 10^11 tokens.\n")  # fmt: skip
+        rows = [[p["exponent"], p["source"], p["what"], f"{p['published']:g}", _ci(analysis, p["key"]), p["verdict"]]
+                for p in published]  # fmt: skip
+        lines.append(markdown_table(["", "source", "their exponent", "value", "ours", "published value is"], rows))
     lines.append("\n![scaling](plots/scaling.png)\n")
     return "\n".join(lines)
 
@@ -165,6 +202,6 @@ def write_report(out: Path, title: str, meta: dict[str, Any], pts: list[dict[str
     fig = scaling_figure(N, D, L, C, surface, law and S.PowerLaw(law["k"], law["exponent"]), idx, budgets)
     return [
         write_atomic(out / "scaling.md", render(title, meta, pts, analysis)),
-        write_json(out / "scaling.json", {**meta, "points": pts, **analysis}),
+        write_json(out / "scaling.json", {**meta, "points": pts, **analysis, "published": against_published(analysis)}),
         save_figure(fig, out / "plots" / "scaling.png"),
     ]
