@@ -181,7 +181,8 @@ def render(title: str, meta: dict[str, Any], pts: list[dict[str, Any]], analysis
         lines.append("\n## Against the published exponents\n")
         lines.append("Each published value beside this sweep's bootstrap interval of the same exponent: inside it, "
                      "above or below it, or unresolved where the interval spans more than a factor of "
-                     f"{LOOSE_FACTOR}. The papers fitted models up to 10^9 parameters and 10^11 tokens.\n")  # fmt: skip
+                     f"{LOOSE_FACTOR}. Kaplan et al. fitted models of up to 1.5B parameters, Hoffmann et al. up to "
+                     "16B; their exponents need not hold at this sweep's scale.\n")  # fmt: skip
         rows = [[p["exponent"], p["source"], p["what"], f"{p['published']:g}", _ci(analysis, p["key"]), p["verdict"]]
                 for p in published]  # fmt: skip
         lines.append(markdown_table(["", "source", "their exponent", "value", "ours", "published value is"], rows))
