@@ -1,12 +1,14 @@
 """`bench/train_parity.py --report DIR`: every <family>-<impl>-seed<seed>.json of DIR merged into DIR/report.md (per
 family: each impl's final validation loss, mean over seeds and per seed, lmforge − reference, PASS when lmforge ≤
-reference + 0.01 nats, with the 95% confidence interval of the seed-paired difference) and one PNG of validation
+reference + 0.01 nats, with the 95% confidence interval of the seed-paired difference; for a loss of named parts,
+ELECTRA's generator and discriminator, each part's difference and interval too) and one PNG of validation
 curves per family (DIR/parity-<family>.png). Parity counts only between models that learned: each side's language
 model loss (ELECTRA's: its generator's masked LM) must end below the run's unigram plateau (`plateau` in the JSON,
 lmforge.eval.plateau), else the verdict says the comparison does not count."""
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -47,9 +49,31 @@ def lm_loss(r: dict) -> float:
     return r["val_metrics"][-1][1].get("mlm_loss", final_val(r)) if r.get("val_metrics") else final_val(r)
 
 
-def paired_ci(a: dict[int, dict], b: dict[int, dict]) -> str:
+def loss_parts(r: dict) -> dict[str, float]:
+    """The named parts of a run's final validation loss (ELECTRA's generator `mlm_loss` and discriminator
+    `disc_loss`); empty for a loss of one part."""
+    last = r["val_metrics"][-1][1] if r.get("val_metrics") else {}
+    return {k: v for k, v in last.items() if k.endswith("_loss")}
+
+
+def part_lines(ours: dict[int, dict], ref: dict[int, dict]) -> list[str]:
+    """Where a difference of a loss of several parts comes from: each part's lmforge − reference with its own
+    paired interval (nothing for a loss of one part)."""
+    out = []
+    for part in sorted(set.intersection(*(set(loss_parts(r)) for r in [*ours.values(), *ref.values()]))):
+        value = functools.partial(part_loss, part)
+        d = statistics.mean(map(value, ours.values())) - statistics.mean(map(value, ref.values()))
+        out.append(f"  - of which {part}: {d:+.4f} nats ({paired_ci(ours, ref, value)})")
+    return out
+
+
+def part_loss(part: str, r: dict) -> float:
+    return loss_parts(r)[part]
+
+
+def paired_ci(a: dict[int, dict], b: dict[int, dict], value=final_val) -> str:
     """'± h' of the 95% interval of mean(a − b) over the seeds both ran (same batches, so paired)."""
-    d = [final_val(a[s]) - final_val(b[s]) for s in sorted(a.keys() & b.keys())]
+    d = [value(a[s]) - value(b[s]) for s in sorted(a.keys() & b.keys())]
     if len(d) < 2:
         return "no interval (one seed)"
     h = T95.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
@@ -100,6 +124,7 @@ def family_table(family: str, runs: dict[str, dict[int, dict]]) -> list[str]:
                 verdict += ", does not count: a side ends at the unigram plateau"
             lines.append(f"- lmforge − {ref}: {diff:+.4f} nats ({paired_ci(runs['lmforge'], runs[ref])}) → "
                          f"**{verdict}** (lmforge ≤ {ref} + {TOLERANCE})")  # fmt: skip
+            lines += part_lines(runs["lmforge"], runs[ref])
         if all(below_plateau(runs[i]) is not None for i in impls):
             floor = statistics.mean(r["plateau"] for rs in runs.values() for r in rs.values())
             lines.append(

@@ -52,6 +52,7 @@ def test_same_batches_own_init_and_report(family, parity_corpus, tmp_path):
     assert f"### {family}" in report and "lmforge − hf:" in report and "seed 0: yes" in report
     assert "does not count: a side ends at the unigram plateau" in report  # 4 steps learn no more than frequencies
     assert "no interval (one seed)" in report
+    assert "of which" not in report  # a loss of one part has no parts to list
     png = tmp_path / f"parity-{family}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -100,3 +101,8 @@ def test_electra_reports_the_discriminator_metrics_on_both_sides(parity_corpus, 
         for _, m in evals:
             assert set(m) == {"mlm_loss", "disc_loss", "disc_acc", "replaced_frac"}, impl
             assert 0 < m["replaced_frac"] < 0.15 and 0 <= m["disc_acc"] <= 1 and m["disc_loss"] > 0, impl
+    tp.main(["--report", str(tmp_path)])  # the combined loss's difference, then where it comes from
+    report = (tmp_path / "report.md").read_text()
+    ours, ref = (result(tmp_path, "electra", impl)["val_metrics"][-1][1] for impl in ("lmforge", "hf"))
+    for part in ("disc_loss", "mlm_loss"):
+        assert f"  - of which {part}: {ours[part] - ref[part]:+.4f} nats (no interval (one seed))" in report
