@@ -185,7 +185,8 @@ def render(title: str, meta: dict[str, Any], pts: list[dict[str, Any]], analysis
                      "16B; their exponents need not hold at this sweep's scale.\n")  # fmt: skip
         rows = [[p["exponent"], p["source"], p["what"], f"{p['published']:g}", _ci(analysis, p["key"]), p["verdict"]]
                 for p in published]  # fmt: skip
-        lines.append(markdown_table(["", "source", "their exponent", "value", "ours", "published value is"], rows))
+        heads = ["", "source", "their exponent", "value", "ours", "published value is"]
+        lines.append(markdown_table(heads, rows, "lllrrl"))
     lines.append("\n![scaling](plots/scaling.png)\n")
     return "\n".join(lines)
 
