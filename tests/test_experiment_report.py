@@ -125,3 +125,43 @@ def test_a_held_out_task_compares_arms_on_the_tasks_they_all_ran_on(tmp_path):
     picks = {p["task"]: p for p in summary_json(exp, results, "–")["chosen"]}
     assert picks["h"]["arm"] == "via" and picks["h"]["chosen_on"] == ["a"] and picks["h"]["score"] == 80
     assert picks["big"]["arm"] == "pre" and picks["a"]["arm"] == "via"
+
+
+def test_text_to_text_fine_tunes_get_the_majority_class_and_its_failed_arms(tmp_path):
+    """A text-to-text task with label words chooses a label like a classifier: its report has the majority-class and
+    tf-idf rows, and an arm at the majority class is a failed arm (not a data point of a claim)."""
+    pytest.importorskip("sklearn")
+    from collections import Counter
+
+    import yaml
+
+    from lmforge.config import RECIPES_DIR
+    from lmforge.data.labelled.readers import load_bundled
+    from lmforge.experiments.claims import Claim, decide_all
+    from lmforge.experiments.results import baseline_rows
+
+    recipe = yaml.safe_load((RECIPES_DIR / "finetune" / "sst2-t5.yaml").read_text())
+    recipe["data"] |= {"max_train": 64, "max_eval": 32}
+    results = []
+    for arm in ("learnt", "majority"):
+        for seed in (0, 1):
+            run = tmp_path / f"{arm}-s{seed}"
+            run.mkdir()
+            (run / "config.yaml").write_text(yaml.safe_dump(recipe))
+            info = {"stage": "finetune", "task": "sentiment", "arm": arm, "seed": seed, "init": "none",
+                    "init_arm": None, "pretrain_run": None}  # fmt: skip
+            results.append(ArmResult(Arm(f"finetune/sentiment/{arm}-s{seed}", run, "x", {}, 5, info, "finetune"),
+                                     "finished", {"dev": {"accuracy": 0.5}, "test": {"accuracy": 0}}))  # fmt: skip
+    sets = zip(load_bundled("sentiment").items(), (64, 32, 32))
+    split = {k: [e.label for e in ds.examples[:n]] for (k, ds), n in sets}
+    top = Counter(split["train"]).most_common(1)[0][0]
+    floor = 100 * split["test"].count(top) / 32
+    for r in results:  # the learnt arm 20 points above the floor, the other within a point of it
+        above = 20 + r.arm.info["seed"] if r.arm.info["arm"] == "learnt" else 0.5
+        r.final["test"]["accuracy"] = (floor + above) / 100
+    rows = baseline_rows(results)
+    assert [row.name for row in rows] == ["majority class", "tf-idf + LR"]
+    assert rows[0].cells["sentiment test accuracy"] == [pytest.approx(floor)]
+    claim = Claim("learnt > majority", "learnt", "majority", "sentiment test accuracy")
+    (got,) = decide_all([claim], results, rows)
+    assert got["verdict"] == "failed arm" and "majority within 1 of the majority class" in got["why"]

@@ -139,8 +139,8 @@ def render_chosen(picks: list[dict[str, Any]]) -> str:
 
 def baseline_rows(results: list[ArmResult]) -> list[Row]:
     """A row each for the majority class and tf-idf + LR (eval/baselines.py) with the dev and test accuracy of every
-    fine-tuned single-text classification task, fitted on the training examples its runs used; none without
-    scikit-learn (the `eval` extra)."""
+    fine-tuned single-text task that chooses a label (a classifier or text-to-text with label words), fitted on the
+    training examples its runs used; none without scikit-learn (the `eval` extra)."""
     from lmforge import extras
     from lmforge.eval.baselines import many_baselines
 
@@ -166,7 +166,7 @@ def _single_text_classes(run_dir: Path) -> dict | None:
     from lmforge.tasks.data import load_splits
 
     cfg = load_finetune_config(run_dir / "config.yaml")
-    if cfg.task.type != "classification":
+    if cfg.task.type not in ("classification", "text_to_text"):  # the tasks that choose one label per text
         return None
     splits = load_splits(cfg.data)
     examples = [e for ds in splits.values() for e in ds.examples]

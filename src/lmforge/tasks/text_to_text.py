@@ -74,6 +74,11 @@ class TextToText(Seq2Seq):
         logp, _ = self.token_logprobs(model, batch)
         return logp.sum(-1).view(len(feats), len(targets))
 
+    def baselines(self, dataset: Dataset) -> dict[str, dict[str, float]]:
+        """None: the floor of a label-choosing task is the majority class (printed for every labelled task);
+        copying the input, a summariser's floor, never writes a label word."""
+        return {}
+
     def gold(self, dataset: Dataset) -> list:
         where = dataset.source or "data"
         return [self.label_index(ex.label, f"{where} example {ex.id or i}") for i, ex in enumerate(dataset.examples)]
