@@ -50,7 +50,7 @@ def test_bundled_tiny_variants_inherit_and_shrink():
     half = next(a for a in tiny.arms if a.name == "enc-dec-half")  # one key of a base arm changed, the rest kept
     assert half.overrides == {"objective.style": "span", "model.n_layers": 1, "model.n_decoder_layers": 1}
     assert [a.name for a in tiny.arms] == [a.name for a in gpu.arms]
-    assert tiny.overrides["model.preset"] == "t5-tiny" and gpu.overrides["model.preset"] == "t5-small"
+    assert tiny.overrides["model.preset"] == "t5-v1_1-tiny" and gpu.overrides["model.preset"] == "t5-v1_1-small"
 
 
 def test_equal_flops_budget_gives_each_objective_its_steps():
