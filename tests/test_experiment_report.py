@@ -2,12 +2,17 @@
 named, and `finetune.select`'s choice on dev with a held-out task."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
+from lmforge.config import RECIPES_DIR
+from lmforge.data.labelled.readers import load_bundled
 from lmforge.experiments.arms import Arm, ArmResult
-from lmforge.experiments.results import Row, build_rows, fmt, render, summary_json
+from lmforge.experiments.claims import Claim, decide_all
+from lmforge.experiments.results import Row, baseline_rows, build_rows, fmt, render, summary_json
 from lmforge.experiments.spec import ArmSpec, Experiment, FinetuneTask, Selection
 
 
@@ -131,15 +136,6 @@ def test_text_to_text_fine_tunes_get_the_majority_class_and_its_failed_arms(tmp_
     """A text-to-text task with label words chooses a label like a classifier: its report has the majority-class and
     tf-idf rows, and an arm at the majority class is a failed arm (not a data point of a claim)."""
     pytest.importorskip("sklearn")
-    from collections import Counter
-
-    import yaml
-
-    from lmforge.config import RECIPES_DIR
-    from lmforge.data.labelled.readers import load_bundled
-    from lmforge.experiments.claims import Claim, decide_all
-    from lmforge.experiments.results import baseline_rows
-
     recipe = yaml.safe_load((RECIPES_DIR / "finetune" / "sst2-t5.yaml").read_text())
     recipe["data"] |= {"max_train": 64, "max_eval": 32}
     results = []
