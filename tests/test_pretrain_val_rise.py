@@ -49,3 +49,21 @@ def test_a_falling_validation_loss_draws_no_warning(tmp_path, capsys):
     vals, err = pretrain(tmp_path, capsys, 50)
     assert vals[-1][1] < vals[0][1]  # still learning at the end
     assert "nats above its lowest" not in err
+
+
+def test_electras_validation_loss_may_rise_without_a_warning(tmp_path, capsys):
+    """ELECTRA's validation loss is generator MLM + 50 × replaced-token detection, and the replaced tokens get harder
+    to spot as the generator learns: it rises early in healthy runs (the discriminator's part climbs back to the
+    entropy of the replaced share), which is no sign of memorising. The same rise warns in a language model's run."""
+    from lmforge.pretraining.config import load_config
+    from lmforge.pretraining.run import Pretraining
+
+    docs = write_docs(tmp_path / "docs.jsonl", 3)
+    for recipe, warns in (("electra", False), ("gpt", True)):
+        run = Pretraining(load_config(recipe, [f"--data.inputs=[{docs}]", "--data.vocab_size=512",
+                                               f"--run.dir={tmp_path / recipe}"]))  # fmt: skip
+        assert run.objective.val_loss_fixed == warns
+        for step, loss in ((250, 24.0), (500, 23.9), (750, 26.2)):
+            run._note_rise(step, loss)
+        run.lock.release()
+        assert ("nats above its lowest (23.900 at step 500)" in capsys.readouterr().err) == warns, recipe

@@ -36,6 +36,9 @@ class Objective:
     Options: type = NoOptions
     language_model: bool = False
     """Scores every next token of the text, so validation also reports perplexity and bits per byte."""
+    val_loss_fixed: bool = True
+    """The validation loss scores the model against targets that stay put while it trains, so a rise of it means
+    memorising or diverging (`Pretraining._note_rise` warns); False where the targets move with training."""
 
     def __init__(self, cfg, tokenizer) -> None:
         self.cfg = cfg

@@ -164,6 +164,7 @@ class Electra(MaskedObjective):
     """Replaced-token detection with a jointly trained MLM generator."""
 
     name = "electra"
+    val_loss_fixed = False  # the generator's samples get harder to spot as it learns: λ · RTD rises with no overfit
     Options = ElectraOptions
     # lmforge.load(run) returns the discriminator: the model section of the run's config describes it
     # (checkpoint/read.py, EXPORT_MODULES)

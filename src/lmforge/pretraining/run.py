@@ -210,7 +210,10 @@ class Pretraining:
 
     def _note_rise(self, step: int, loss: float) -> None:
         """Warn once when the validation loss has risen RISE_NATS above its lowest: the model memorises its training
-        text (text seen many times, with little dropout or weight decay) or the run diverges."""
+        text (text seen many times, with little dropout or weight decay) or the run diverges. Not for an objective
+        whose validation targets move with training (`Objective.val_loss_fixed`)."""
+        if not self.objective.val_loss_fixed:
+            return
         if self.val_low is None or loss < self.val_low[0]:
             self.val_low = (loss, step)
             return
