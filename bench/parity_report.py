@@ -15,11 +15,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from lmforge.errors import LMForgeError
+from lmforge.eval.plateau import LEARNT
 
 TOLERANCE = 0.01
 """lmforge passes when its final validation loss is at most the reference's + this many nats (mean over seeds)."""
-LEARNED = 0.05
-"""Nats below the plateau a side's final LM loss must reach for its comparison to count."""
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 """Two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond)."""
 
@@ -120,7 +119,7 @@ def family_table(family: str, runs: dict[str, dict[int, dict]]) -> list[str]:
             diff = means["lmforge"] - means[ref]
             verdict = "PASS" if diff <= TOLERANCE else "FAIL"
             below = {i: below_plateau(runs[i]) for i in ("lmforge", ref)}
-            if any(v is not None and v < LEARNED for v in below.values()):
+            if any(v is not None and v < LEARNT for v in below.values()):
                 verdict += ", does not count: a side ends at the unigram plateau"
             lines.append(f"- lmforge − {ref}: {diff:+.4f} nats ({paired_ci(runs['lmforge'], runs[ref])}) → "
                          f"**{verdict}** (lmforge ≤ {ref} + {TOLERANCE})")  # fmt: skip

@@ -93,3 +93,37 @@ def test_an_arm_at_the_columns_chance_level_is_a_failed_arm():
         parse_claims(
             [{"better": "dynamic", "worse": "static", "column": "c", "chance": "half"}], {"dynamic", "static"}, "x"
         )
+
+
+def test_a_fine_tune_of_a_pretraining_run_at_its_plateau_is_a_failed_arm():
+    """Fine-tunes take their pretraining arm's distance below its unigram plateau: an arm whose pretraining ended
+    within LEARNT nats of it (token frequencies learnt, little more) fails the claim, however well it fine-tunes."""
+
+    def run(kind, info, final):
+        return SimpleNamespace(final=final, arm=SimpleNamespace(kind=kind, info=info))
+
+    def results(plateau_static: float):
+        out = []
+        for seed in range(3):
+            for arm, plateau in (("dynamic", 6.5), ("static", plateau_static)):
+                out.append(run("pretrain", {"arm": arm, "seed": seed}, {"val_loss": 6.0, "val_plateau": plateau}))
+                info = {"arm": f"{arm}-ft", "init_arm": arm, "seed": seed, "task": "sentiment"}
+                out.append(
+                    run("finetune", info, {"test": {"accuracy": (0.80 if arm == "dynamic" else 0.70) + seed / 100}})
+                )
+        out.append(run("finetune", {"arm": "scratch", "init_arm": None, "seed": 0, "task": "sentiment"},
+                       {"test": {"accuracy": 0.6}}))  # fmt: skip
+        return out
+
+    ft = Claim("ft", better="dynamic-ft", worse="static-ft", column="sentiment test accuracy")
+    pre = Claim("loss", better="dynamic", worse="static", column="val loss", lower_is_better=True)
+    (got,) = decide_all([ft], results(6.04), [])  # static ends 0.04 nats below its plateau
+    assert (
+        got["verdict"] == "failed arm"
+        and got["why"] == "pretraining of static-ft (+0.040) ended within 0.05 nats of its plateau"
+    )
+    (got,) = decide_all([pre], results(6.04), [])
+    assert got["verdict"] == "failed arm" and "static (+0.040)" in got["why"]
+    (got,) = decide_all([ft], results(6.2), [])  # 0.2 nats below: learnt
+    assert got["verdict"] == "reproduced" and got["differences"] == pytest.approx([10.0] * 3)
+    assert "within 0.05 nats of its unigram plateau, is a failed arm" in render([got])

@@ -4,6 +4,7 @@ rerun, and resumes a killed pretraining run exactly; gpt1-pretraining-tiny adds 
 tokenizer and a zero-shot evaluation."""
 
 import json
+import math
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -51,7 +52,8 @@ def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs, cap
     rc, err = experiment(capsys, *args, "--jobs", "2")
     assert rc == 0, err[-3000:]
     table = (out / "roberta-masking-tiny.md").read_text()
-    assert "| arm | seeds | params | steps | tokens | FLOPs | epochs | val loss | sentiment dev accuracy |" in table
+    heads = "| arm | seeds | params | steps | tokens | FLOPs | epochs | val loss | below plateau | sentiment dev"
+    assert heads + " accuracy |" in table
     data = json.loads((out / "roberta-masking-tiny.json").read_text())
     assert [row["arm"] for row in data["rows"]] == ["static", "dynamic", "majority class", "tf-idf + LR"]
     runs = {x["name"]: x for x in data["runs"]}
@@ -69,8 +71,13 @@ def test_bundled_tiny_experiment_table_plots_skip_and_resume(tmp_path, docs, cap
     assert "## Claims" in table and claim["seeds"] == [0, 1] and claim["column"] == "sentiment test accuracy"
     assert claim["verdict"] in {"reproduced", "contradicted", "unresolved", "failed arm"}
     for row in data["rows"][:2]:
-        losses = [metrics(out / "pretrain" / f"{row['arm']}-s{s}")[-1]["val_loss"] for s in (0, 1)]
-        assert row["values"]["val loss"]["values"] == losses  # the table's numbers are the runs' own
+        finals = [metrics(out / "pretrain" / f"{row['arm']}-s{s}")[-1] for s in (0, 1)]
+        assert row["values"]["val loss"]["values"] == [f["val_loss"] for f in finals]  # the table's: the runs' own
+        # the unigram plateau of the run's validation targets (its static masks), under log |V|
+        assert all(0 < f["val_plateau"] < math.log(yaml_of(out / "pretrain" / "static-s0")["data"]["vocab_size"])
+                   for f in finals)  # fmt: skip
+        below = row["values"]["below plateau"]["values"]
+        assert below == pytest.approx([f["val_plateau"] - f["val_loss"] for f in finals])
         assert row["values"]["val loss"]["n"] == 2 and row["values"]["sentiment dev accuracy"]["n"] == 2
         dev = [json.loads((out / "finetune" / "sentiment" / f"{row['arm']}-s{s}" / "eval.json").read_text())
                for s in (0, 1)]  # fmt: skip

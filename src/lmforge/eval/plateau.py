@@ -14,6 +14,10 @@ import torch
 
 from lmforge.data.corpus.loader import open_tokens, read_meta
 
+LEARNT = 0.05
+"""Nats below its plateau a run's loss must end for the run to count as having learnt more than token frequencies
+(the training-parity verdicts, the experiment report's claims)."""
+
 
 def unigram_log_probs(data_dir: Path) -> torch.Tensor:
     """(V,) log-probabilities of the add-one-smoothed unigram model fit on the train split of a prepared dir: the

@@ -20,6 +20,9 @@ EVAL_RESULTS = "results.json"
 """An evaluation arm's results ({task: {metric: value}}), in its run dir."""
 ArmKind = Literal["pretrain", "finetune", "eval"]
 VAL_LOSS = "val loss"
+BELOW_PLATEAU = "below plateau"
+"""The report column of how far a pretraining run's final validation loss ends below its targets' unigram plateau
+(`val_plateau`, lmforge.eval.plateau), in nats; for the objectives that score their labels alone."""
 """The report column of a pretraining run's final validation loss."""
 
 
@@ -195,9 +198,14 @@ class Stage:
     drops_checkpoints: bool = False
 
 
+def _pretrain_cells(info: dict, final: dict) -> list[tuple[str, float]]:
+    loss, plateau = final["val_loss"], final.get("val_plateau")
+    return [(VAL_LOSS, loss)] + ([(BELOW_PLATEAU, plateau - loss)] if plateau is not None else [])
+
+
 STAGES: dict[str, Stage] = {
     "pretrain": Stage(_pretrain_command, _pretrain_final, lambda f: f"val_loss {f['val_loss']:.4f}",
-                      lambda info, f: [(VAL_LOSS, f["val_loss"])], 0, spreads=True),
+                      _pretrain_cells, 0, spreads=True),
     "eval": Stage(_eval_command, lambda arm: _read_json(Path(arm.run_dir) / EVAL_RESULTS),
                   lambda f: "; ".join(f"{t}: {_metrics(m)}" for t, m in f.items()), _eval_cells, 1, resumes=False),
     "finetune": Stage(_finetune_command, _finetune_final, lambda f: f"dev {_metrics(f['dev'])}", _finetune_cells, 2,

@@ -10,8 +10,9 @@ difference better − worse with its 95% confidence interval (Student's t over t
 verdict: *reproduced* when the interval lies above zero, *contradicted* when below, *unresolved* otherwise, with the
 smallest difference these seeds could have resolved (the interval's half-width). An arm whose accuracy is within a
 point of the majority class (or of the column's `chance:` level, 50 for BLiMP's pairs) learnt nothing: the claim is
-then *failed arm*, never a data point. A column where lower is better (a validation loss) takes
-`lower_is_better: true`."""
+then *failed arm*, never a data point; so is an arm whose pretraining ended less than `LEARNT` nats below its
+targets' unigram plateau (the report's "below plateau" column), which learnt token frequencies and little more. A
+column where lower is better (a validation loss) takes `lower_is_better: true`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmforge.errors import LMForgeError
+from lmforge.eval.plateau import LEARNT
 
 KEYS = ("name", "better", "worse", "column", "paper", "lower_is_better", "chance")
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -80,8 +82,11 @@ def t95(df: int) -> float:
     return T95[max(known)] if df <= 29 else 1.96
 
 
-def decide(claim: Claim, by_seed: dict[str, dict[int, float]], majority: float | None) -> dict[str, Any]:
-    """The verdict of one claim from {arm: {seed: value}} of its column and the majority class's value (or None)."""
+def decide(
+    claim: Claim, by_seed: dict[str, dict[int, float]], majority: float | None, unlearnt: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """The verdict of one claim from {arm: {seed: value}} of its column, the majority class's value (or None) and
+    {arm: nats below its plateau} of the arms whose pretraining stayed within `LEARNT` of it."""
     floors = [(v, what) for v, what in ((majority, "the majority class"), (claim.chance, "chance")) if v is not None]
     out: dict[str, Any] = {"claim": claim.name, "better": claim.better, "worse": claim.worse,
                            "column": claim.column, "paper": claim.paper}  # fmt: skip
@@ -90,6 +95,10 @@ def decide(claim: Claim, by_seed: dict[str, dict[int, float]], majority: float |
     out["seeds"] = seeds
     if not seeds:
         return out | {"verdict": "not run", "why": "the two arms have no finished seed in common in this column"}
+    behind = [f"{arm} ({unlearnt[arm]:+.3f})" for arm in (claim.better, claim.worse) if arm in (unlearnt or {})]
+    if behind:
+        why = f"pretraining of {', '.join(behind)} ended within {LEARNT:g} nats of its plateau"
+        return out | {"verdict": "failed arm", "why": why}
     if floors:
         floor, what = max(floors)
         failed = [arm for arm, v in ((claim.better, a), (claim.worse, b))
@@ -140,8 +149,9 @@ def render(decided: list[dict[str, Any]]) -> str:
                            "lllllrl")  # fmt: skip
     return ("\n## Claims\n\nEach claim's difference (the better arm's value − the worse arm's; for a loss, worse − "
             "better) paired by seed, with its 95% confidence interval: reproduced when the interval lies above zero, "
-            "contradicted below, unresolved across it. An arm within a point of the majority class is a failed arm, "
-            "not a data point.\n\n" + table)  # fmt: skip
+            "contradicted below, unresolved across it. An arm within a point of the majority class, or whose "
+            f"pretraining ended within {LEARNT:g} nats of its unigram plateau, is a failed arm, not a data "
+            "point.\n\n" + table)  # fmt: skip
 
 
 def values_by_seed(results: list, column: str) -> dict[str, dict[int, float]]:
@@ -161,9 +171,15 @@ def values_by_seed(results: list, column: str) -> dict[str, dict[int, float]]:
 
 def decide_all(claims: list[Claim], results: list, baselines: list) -> list[dict[str, Any]]:
     """Every claim's verdict; `baselines` are the report's baseline rows (the majority class among them)."""
+    from lmforge.experiments.arms import BELOW_PLATEAU
+
     majority = next((row for row in baselines if row.name == "majority class"), None)
+    below = {arm: statistics.fmean(v.values()) for arm, v in values_by_seed(results, BELOW_PLATEAU).items()}
+    # each report arm's pretraining arm: a fine-tune's init_arm (None from random init), else the arm itself
+    pretrained = {r.arm.info["arm"]: r.arm.info.get("init_arm", r.arm.info["arm"]) for r in results}
+    unlearnt = {arm: below[p] for arm, p in pretrained.items() if p in below and below[p] < LEARNT}
     out = []
     for c in claims:
         floor = (majority.cells.get(c.column) or [None])[0] if majority is not None else None
-        out.append(decide(c, values_by_seed(results, c.column), floor))
+        out.append(decide(c, values_by_seed(results, c.column), floor, unlearnt))
     return out

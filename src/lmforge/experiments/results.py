@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.experiments import claims
-from lmforge.experiments.arms import STAGES, VAL_LOSS, ArmResult, of_stage
+from lmforge.experiments.arms import BELOW_PLATEAU, STAGES, VAL_LOSS, ArmResult, of_stage
 from lmforge.experiments.spec import Experiment
 from lmforge.experiments.tables import markdown_table, sci, si, write_atomic, write_json
 
@@ -218,7 +218,7 @@ def render(
             f = facts.get(row.pretrained or "")
             cells += [si(f["params"]), f["steps"], si(f["tokens"]), sci(f["flops"])] if f else ["–"] * 4
             cells += [f"{f['epochs']:.2f}" if f and "epochs" in f else "–"] if epochs else []
-        cells += [fmt(row.cells.get(c, []), 4 if c == VAL_LOSS else 1) for c in columns]
+        cells += [fmt(row.cells.get(c, []), 4 if c in (VAL_LOSS, BELOW_PLATEAU) else 1) for c in columns]
         lines.append(cells)
     failed = [r.arm.name for r in results if r.state == "failed"]
     out = [f"# Experiment {exp.name}\n"]
@@ -227,7 +227,9 @@ def render(
     out.append(f"Pretraining budget: {budget}. Mean ± standard deviation over the seeds' runs; task metrics × 100 "
                "(dev, and test where the task has labelled test data); val loss: the pretraining objective's final "
                "validation loss (nats per predicted token; objectives score different tokens, so compare it only "
-               "between arms of one objective).\n")  # fmt: skip
+               "between arms of one objective)" + ("; below plateau: how far it ends below the unigram plateau of "
+               "its targets (`lmforge.eval.plateau`), the loss of knowing token frequencies alone"
+               if BELOW_PLATEAU in columns else "") + ".\n")  # fmt: skip
     out.append(markdown_table(heads, lines, "l" * (len(heads) - len(columns)) + "r" * len(columns)))
     picks = chosen(exp, rows, list(baselines))
     if picks:

@@ -148,6 +148,7 @@ class BartDenoising(Objective):
     """BART §2.2 noising; the encoder reads the noised window, the decoder reconstructs the original."""
 
     name = "bart"
+    scores_labels = True
     Options = BartOptions
 
     def __init__(self, cfg, tokenizer) -> None:

@@ -36,6 +36,9 @@ class Objective:
     Options: type = NoOptions
     language_model: bool = False
     """Scores every next token of the text, so validation also reports perplexity and bits per byte."""
+    scores_labels: bool = False
+    """The loss is the mean cross-entropy of the batch's `labels` (those not -100) and nothing else, so it compares
+    with their unigram plateau (lmforge.eval.plateau; pretraining logs it as `val_plateau`)."""
     val_loss_fixed: bool = True
     """The validation loss scores the model against targets that stay put while it trains, so a rise of it means
     memorising or diverging (`Pretraining._note_rise` warns); False where the targets move with training."""

@@ -14,6 +14,7 @@ class CausalLM(Objective):
     """Next-token prediction over packed windows: inputs x[:, :-1], targets x[:, 1:]."""
 
     name = "causal_lm"
+    scores_labels = True
     language_model = True
 
     def transform(self, tokens: Tensor) -> dict[str, Tensor]:

@@ -239,4 +239,5 @@ class MaskedLM(MaskedObjective):
     """BERT's masked LM alone (no NSP) on [CLS] ... [SEP]-framed packed windows."""
 
     name = "mlm"
+    scores_labels = True
     Options = MLMOptions

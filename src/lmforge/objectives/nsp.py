@@ -99,6 +99,7 @@ class RoBERTa(MaskedObjective):
     """Dynamic-masking MLM without NSP (RoBERTa §4.1-4.2) on FULL-SENTENCES or DOC-SENTENCES inputs."""
 
     name = "roberta"
+    scores_labels = True
     Options = RobertaOptions
 
     @classmethod

@@ -45,6 +45,7 @@ class PrefixLM(Objective):
     """Random split per row; bidirectional prefix, causal continuation, loss on the continuation only."""
 
     name = "prefix_lm"
+    scores_labels = True
     Options = PrefixLMOptions
 
     def __init__(self, cfg, tokenizer) -> None:

@@ -150,6 +150,7 @@ class T5SpanCorruption(Objective):
     """T5's denoising objectives for encoder-decoders (span corruption by default)."""
 
     name = "t5"
+    scores_labels = True
     Options = T5Options
 
     def __init__(self, cfg, tokenizer) -> None:

@@ -20,6 +20,7 @@ class TransformerXL(RecurrentObjective):
     """Inputs x[:, :-1], targets x[:, 1:] of each window; the model attends to its memory of earlier segments."""
 
     name = "transformer_xl"
+    scores_labels = True
     language_model = True
 
     def build_model(self, model_cfg) -> nn.Module:

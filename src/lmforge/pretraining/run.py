@@ -15,6 +15,7 @@ import torch
 from lmforge.checkpoint.read import EXPORT_MODULES, load_weights
 from lmforge.data.corpus.loader import take_rows
 from lmforge.errors import LMForgeError
+from lmforge.eval.plateau import context_free_floor, special_ids, target_rows, unigram_log_probs
 from lmforge.objectives import OBJECTIVES
 from lmforge.objectives.rng import use_rng
 from lmforge.pretraining.config import Config, to_dict
@@ -124,6 +125,7 @@ class Pretraining:
         self.val_loader = self.objective.make_loader(self.data_dir, "val", rank=d.rank, world_size=d.world_size)
         self.val_low: tuple[float, int] | None = None  # the lowest validation loss so far, and its step
         self.rise_said = False
+        self.val_plateau: float | None = None  # the validation targets' context-free floor, found at the first eval
         self.tokens_per_step = t.batch_size * t.seq_len * t.grad_accum * d.world_size
         spec = LoopSpec(
             saved=lambda: Saved(self.raw_model, to_dict(cfg), self.tokenizer),
@@ -185,8 +187,11 @@ class Pretraining:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Validation loss (nats/token), perplexity and bits per byte over the deterministic val pass: the same
-        windows, corruptions and number, however many processes share each global batch."""
+        windows, corruptions and number, however many processes share each global batch. For an objective whose
+        loss is its targets' cross-entropy (`Objective.scores_labels`), also the unigram plateau of those targets
+        (`val_plateau`, lmforge.eval.plateau): a run that has not gone below it has learnt token frequencies only."""
         total, n = 0.0, 0
+        targets = [] if self.val_plateau is None and self.objective.scores_labels else None
         # Objectives that corrupt at random may give validation fixed corruptions (e.g. static MLM masks).
         transform = getattr(self.objective, "eval_transform", self.objective.transform)
         for tokens, rows in self.val_loader.eval_global(self.cfg.train.eval_batches):
@@ -194,7 +199,10 @@ class Pretraining:
             # each rank scores its rows. A rank left without rows in the last batch still runs a forward on one
             # row, which it does not count: under fsdp every rank must take part in each forward's all-gathers.
             mine = rows.stop > rows.start
-            batch = take_rows(transform(tokens), rows if mine else slice(0, 1))
+            whole = transform(tokens)
+            if targets is not None:
+                targets += target_rows([whole])
+            batch = take_rows(whole, rows if mine else slice(0, 1))
             out = self.objective.loss(self.raw_model, {k: v.to(self.device) for k, v in batch.items()})
             if mine:
                 total += float(out.loss) * int(out.n_tokens)
@@ -202,11 +210,15 @@ class Pretraining:
         total, n = sums_across([total, n], self.dist)
         loss = total / max(n, 1)
         self._note_rise(step, loss)
+        if targets:
+            log_u = unigram_log_probs(self.data_dir)
+            self.val_plateau = context_free_floor(targets, log_u, special_ids(self.tokenizer))
+        out = {"val_loss": loss} | ({"val_plateau": self.val_plateau} if self.val_plateau is not None else {})
         if not self.objective.language_model:
-            return {"val_loss": loss}
+            return out
         meta = json.loads((self.data_dir / "meta.json").read_text())
         bytes_per_token = meta["val"]["n_bytes"] / max(1, meta["val"]["n_tokens"])
-        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "val_bpb": loss / math.log(2) / bytes_per_token}
+        return out | {"val_ppl": math.exp(min(loss, 50)), "val_bpb": loss / math.log(2) / bytes_per_token}
 
     def _note_rise(self, step: int, loss: float) -> None:
         """Warn once when the validation loss has risen RISE_NATS above its lowest: the model memorises its training
