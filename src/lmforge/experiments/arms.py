@@ -20,10 +20,10 @@ EVAL_RESULTS = "results.json"
 """An evaluation arm's results ({task: {metric: value}}), in its run dir."""
 ArmKind = Literal["pretrain", "finetune", "eval"]
 VAL_LOSS = "val loss"
+"""The report column of a pretraining run's final validation loss."""
 BELOW_PLATEAU = "below plateau"
 """The report column of how far a pretraining run's final validation loss ends below its targets' unigram plateau
 (`val_plateau`, lmforge.eval.plateau), in nats; for the objectives that score their labels alone."""
-"""The report column of a pretraining run's final validation loss."""
 
 
 @dataclass
