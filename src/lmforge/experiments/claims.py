@@ -97,7 +97,7 @@ def decide(
         return out | {"verdict": "not run", "why": "the two arms have no finished seed in common in this column"}
     behind = [f"{arm} ({unlearnt[arm]:+.3f})" for arm in (claim.better, claim.worse) if arm in (unlearnt or {})]
     if behind:
-        why = f"pretraining of {', '.join(behind)} ended within {LEARNT:g} nats of its plateau"
+        why = f"pretraining of {', '.join(behind)} ended less than {LEARNT:g} nats below its plateau"
         return out | {"verdict": "failed arm", "why": why}
     if floors:
         floor, what = max(floors)
@@ -150,8 +150,8 @@ def render(decided: list[dict[str, Any]]) -> str:
     return ("\n## Claims\n\nEach claim's difference (the better arm's value − the worse arm's; for a loss, worse − "
             "better) paired by seed, with its 95% confidence interval: reproduced when the interval lies above zero, "
             "contradicted below, unresolved across it. An arm within a point of the majority class, or whose "
-            f"pretraining ended within {LEARNT:g} nats of its unigram plateau, is a failed arm, not a data "
-            "point.\n\n" + table)  # fmt: skip
+            f"pretraining ended less than {LEARNT:g} nats below its unigram plateau, is a failed arm, not a "
+            "data point.\n\n" + table)  # fmt: skip
 
 
 def values_by_seed(results: list, column: str) -> dict[str, dict[int, float]]:
