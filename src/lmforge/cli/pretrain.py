@@ -34,10 +34,13 @@ def report(trainer, final: dict) -> None:
     from lmforge.models.generate import generate_text
 
     cfg = trainer.cfg
-    base = unigram_cross_entropy(trainer.data_dir)
+    # the unigram plateau of the same validation targets where the objective logs one, else of the whole val split
+    plateau = (final or {}).get("val_plateau")
     if final and "val_ppl" not in final:  # objectives that do not score every next token: loss only
-        print(f"validation: loss {final['val_loss']:.3f} nats/token")
+        beside = f" (unigram baseline of its targets: loss {plateau:.3f})" if plateau is not None else ""
+        print(f"validation: loss {final['val_loss']:.3f} nats/token{beside}")
     elif final:
+        base = plateau if plateau is not None else unigram_cross_entropy(trainer.data_dir)
         print(
             f"validation: loss {final['val_loss']:.3f} nats/token, perplexity {final['val_ppl']:.1f}, "
             f"{final['val_bpb']:.3f} bits/byte (unigram baseline: loss {base:.3f}, "
