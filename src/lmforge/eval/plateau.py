@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lmforge.data.corpus.loader import open_tokens, read_meta
+from lmforge.data.corpus.loader import token_counts
 
 LEARNT = 0.05
 """Nats below its plateau a run's loss must end for the run to count as having learnt more than token frequencies
@@ -22,8 +22,7 @@ LEARNT = 0.05
 def unigram_log_probs(data_dir: Path) -> torch.Tensor:
     """(V,) log-probabilities of the add-one-smoothed unigram model fit on the train split of a prepared dir: the
     model whose validation cross-entropy a pretraining run prints as its unigram baseline."""
-    meta = read_meta(data_dir)
-    counts = np.bincount(open_tokens(data_dir, "train", meta), minlength=meta["vocab_size"]) + 1.0
+    counts = token_counts(data_dir, "train") + 1.0
     return torch.from_numpy(np.log(counts) - np.log(counts.sum()))
 
 

@@ -278,20 +278,26 @@ def rank_batches(global_batches: Iterator[tuple[torch.Tensor | dict, slice]]) ->
             yield take_rows(batch, rows)
 
 
+def token_counts(data_dir: Path, split: str) -> np.ndarray:
+    """(V,) float64: how often each token id occurs in a split of a prepared dir, counted in chunks (np.bincount
+    makes an int64 copy of what it counts: a whole memory-mapped split would need 8 bytes a token)."""
+    meta = read_meta(Path(data_dir))
+    vocab, arr = int(meta["vocab_size"]), open_tokens(data_dir, split, meta)
+    counts = np.zeros(vocab, dtype=np.float64)
+    step = 1 << 24
+    for i in range(0, len(arr), step):
+        counts += np.bincount(arr[i : i + step], minlength=vocab)[:vocab]
+    return counts
+
+
 def unigram_cross_entropy(data_dir: Path) -> float:
     """Cross-entropy (nats/token) on val of an add-one-smoothed unigram model fit on train.
 
     The floor a language model must beat to have learned anything beyond token frequencies.
     """
-    meta = read_meta(Path(data_dir))
-    vocab = int(meta["vocab_size"])
-    train, val = open_tokens(data_dir, "train", meta), open_tokens(data_dir, "val", meta)
-    if len(val) == 0:
+    val_counts = token_counts(data_dir, "val")
+    if val_counts.sum() == 0:
         raise LMForgeError(f"{data_dir} val split is empty")
-    counts, val_counts = np.ones(vocab, dtype=np.float64), np.zeros(vocab, dtype=np.float64)
-    step = 1 << 24  # bincount in chunks: bounds the int64 copy of a memory-mapped split
-    for arr, acc in ((train, counts), (val, val_counts)):
-        for i in range(0, len(arr), step):
-            acc += np.bincount(arr[i : i + step], minlength=vocab)[:vocab]
+    counts = token_counts(data_dir, "train") + 1.0
     log_p = np.log(counts) - np.log(counts.sum())
     return float(-(val_counts * log_p).sum() / val_counts.sum())
