@@ -5,11 +5,14 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
+from lmforge.eval.baselines import many_baselines
 from lmforge.experiments.arms import Arm, ArmResult
-from lmforge.experiments.ensembles import combine, ensemble_results, spread
-from lmforge.experiments.results import render, summary_json
+from lmforge.experiments.ensembles import combine, ensemble_results, spread, tfidf_predictions
+from lmforge.experiments.results import render, single_text_classes, summary_json
 from lmforge.experiments.spec import ArmSpec, EnsembleSpec, Experiment, FinetuneTask, Selection
 
 GOLD = [0, 1, 1, 0]
@@ -126,3 +129,75 @@ def test_spread_forms_the_ensemble_from_every_group_of_seeds(tmp_path):
     table = render(exp, results, "–", spreads=[a, h])
     assert "## Ensembles of every group of seeds (accuracy)" in table
     assert "| ens | a | 2 of 4 | 6 | 95.8 (75.0–100.0) | 95.8 (75.0–100.0) |" in table
+
+
+def _classify_run(tmp_path: Path) -> Path:
+    """A fine-tune's run dir (its config alone) of the bundled sentiment set: 64 training, 32 dev, 32 test texts."""
+    recipe = yaml.safe_load((RECIPES_DIR / "finetune" / "sst2-bert.yaml").read_text())
+    recipe["data"] |= {"max_train": 64, "max_eval": 32}
+    run = tmp_path / "ft-s0"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(recipe))
+    return run
+
+
+def test_a_tfidf_ensemble_averages_each_fine_tune_with_the_bag_of_words(tmp_path):
+    """`tfidf: true` stacks the report's tf-idf + LR onto the fine-tunes with equal weight: an undecided fine-tune
+    (0.5 on each label) leaves the bag of words' choice, a certain one keeps its own; the label order of the two may
+    differ."""
+    pytest.importorskip("sklearn")
+    run = _classify_run(tmp_path)
+    tfidf = tfidf_predictions(run)
+    splits = single_text_classes(run)
+    fit = many_baselines({"": splits})[""]["tfidf_lr"]  # the report's baseline row
+    assert sorted(tfidf["labels"]) == tfidf["labels"] and len(tfidf["labels"]) == 2
+    for split in ("dev", "test"):
+        gold, probs = tfidf[split]["gold"], tfidf[split]["probs"]
+        assert [tfidf["labels"][g] for g in gold] == splits[split][1] and len(probs) == 32
+        assert all(abs(sum(p) - 1) < 1e-5 for p in probs)
+        right = sum(max(range(2), key=p.__getitem__) == g for p, g in zip(probs, gold))
+        assert right / 32 == pytest.approx(fit[split])  # its choices are the baseline's
+    labels = tfidf["labels"][::-1]  # the fine-tune's own label order
+    for name, own in (("unsure", lambda g: [0.5, 0.5]), ("sure", lambda g: [float(g == 0), float(g == 1)])):
+        data = {"labels": labels, "metrics": ["accuracy"]}
+        for split in ("dev", "test"):
+            gold = [labels.index(tfidf["labels"][g]) for g in tfidf[split]["gold"]]
+            data[split] = {"ids": [str(i) for i in range(32)], "gold": gold, "probs": [own(g) for g in gold]}
+        (run / "predictions.json").write_text(json.dumps(data))
+        final = combine([run], tmp_path / name, tfidf)
+        mean = json.loads((tmp_path / name / "predictions.json").read_text())
+        assert mean["members"] == [str(run), "tf-idf + LR"]
+        if name == "unsure":
+            assert final == {"dev": {"accuracy": pytest.approx(fit["dev"])},
+                             "test": {"accuracy": pytest.approx(fit["test"])}}  # fmt: skip
+            assert mean["dev"]["probs"][0] == pytest.approx([(0.5 + p) / 2 for p in tfidf["dev"]["probs"][0][::-1]])
+        else:
+            assert final == {"dev": {"accuracy": 1.0}, "test": {"accuracy": 1.0}}
+    other = {**tfidf, "dev": {**tfidf["dev"], "gold": [1 - g for g in tfidf["dev"]["gold"]]}}
+    with pytest.raises(LMForgeError, match="its dev examples differ from those tf-idf was fitted on") as e:
+        combine([run], tmp_path / "bad", other)
+    assert "\n" not in str(e.value)
+
+
+def test_a_tfidf_ensemble_of_size_one_is_a_row_per_seed_and_its_spread_stacks_too(tmp_path):
+    pytest.importorskip("sklearn")
+    run = _classify_run(tmp_path)
+    tfidf = tfidf_predictions(run)
+    data = {"labels": tfidf["labels"], "metrics": ["accuracy"]}
+    for split in ("dev", "test"):
+        gold = tfidf[split]["gold"]
+        data[split] = {"ids": [str(i) for i in range(32)], "gold": gold, "probs": [[0.5, 0.5] for _ in gold]}
+    (run / "predictions.json").write_text(json.dumps(data))
+    info = {"stage": "finetune", "task": "s", "arm": "ft", "seed": 0, "init": "none", "init_arm": None,
+            "pretrain_run": None, "recipe": "sst2-bert"}  # fmt: skip
+    results = [ArmResult(Arm("finetune/s/ft-s0", run, "sst2-bert", {}, None, info, "finetune"), "finished",
+                         {"dev": {"accuracy": 0.5}, "test": {"accuracy": 0.5}})]  # fmt: skip
+    exp = Experiment(tmp_path / "e.yaml", "", tmp_path / "out", [0], "gpt", {}, [], None, [0], {}, {},
+                     [ArmSpec("ft", init="none")], [FinetuneTask("s", "sst2-bert")], [], None,
+                     [EnsembleSpec("ft-tfidf", "ft", 1, tfidf=True)])  # fmt: skip
+    (got,) = ensemble_results(exp, results)
+    fit = many_baselines({"": single_text_classes(run)})[""]["tfidf_lr"]
+    assert got.state == "finished" and got.arm.info["seeds"] == [0]
+    assert got.final["test"]["accuracy"] == pytest.approx(fit["test"])
+    (row,) = spread(exp, results)
+    assert row["groups"] == 1 and row["test"] == [pytest.approx(100 * fit["test"])]

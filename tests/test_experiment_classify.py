@@ -107,3 +107,34 @@ def test_classify_decoder_tiny_fine_tunes_a_decoder_and_an_encoder_each_in_its_o
             assert (config["task"]["format"], config["train"]["lr"]) == (fmt, lr)
             if init == "gpt":
                 assert config["task"]["lm_coef"] == 0.5  # GPT-1's auxiliary LM loss
+
+
+@pytest.mark.slow
+def test_classify_1gpu_tiny_builds_its_own_data_and_stacks_each_fine_tune_on_tfidf(tmp_path, monkeypatch):
+    """classify-1gpu at CPU size: one command from fetched text to the report — the tokenizer and the decontaminated
+    corpus built by the run, one fine-tune per set and its stack on tf-idf + LR, hedge chosen on the other sets."""
+    from lmforge.experiments.ensembles import tfidf_predictions
+
+    out = tmp_path / "exp"
+    data = run_experiment(tmp_path, "classify-1gpu-tiny")
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path / "cache"))  # the stand-in sets, for tf-idf here
+    arms = ["pre-0.0002", "pre-0.0002-tfidf"]
+    assert [row["arm"] for row in data["rows"]] == arms + ["majority class", "tf-idf + LR"]
+    runs = {x["name"]: x["state"] for x in data["runs"]}
+    assert len(runs) == 9 and set(runs.values()) == {"finished"}  # 1 pretraining run, 4 fine-tunes, 4 stacks
+    config = yaml.safe_load((out / "pretrain" / "pre-s0" / "config.yaml").read_text())
+    assert config["data"]["decontaminate"] == list(SETS) and "shared" in config["data"]["tokenizer"]
+    picks = {p["task"]: p for p in data["chosen"]}
+    assert picks["hedge"]["held_out"] and picks["hedge"]["chosen_on"] == ["rotten-tomatoes", "drug-reviews", "spam"]
+    assert all(p["arm"] in arms for p in picks.values())
+    for name in SETS:
+        run = out / "finetune" / name / "pre-0.0002-s0"
+        own, tfidf = json.loads((run / "predictions.json").read_text()), tfidf_predictions(run)
+        stack = json.loads((out / "ensemble" / name / "pre-0.0002-tfidf-s0" / "predictions.json").read_text())
+        cols = [tfidf["labels"].index(label) for label in own["labels"]]
+        for split in ("dev", "test"):  # each example's probabilities: the mean of the fine-tune's and tf-idf's
+            want = [[(p[i] + q[c]) / 2 for i, c in enumerate(cols)]
+                    for p, q in zip(own[split]["probs"], tfidf[split]["probs"])]  # fmt: skip
+            assert stack[split]["probs"] == [pytest.approx(w) for w in want]
+        test = json.loads((out / "ensemble" / name / "pre-0.0002-tfidf-s0" / "eval_test.json").read_text())
+        assert data["rows"][1]["values"][f"{name} test accuracy"]["values"] == [pytest.approx(100 * test["accuracy"])]

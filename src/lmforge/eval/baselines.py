@@ -31,8 +31,9 @@ def majority(train: Split, evals: dict[str, Split]) -> dict:
     return {"label": top, **{k: sum(y == top for y in s[1]) / max(1, len(s[1])) for k, s in evals.items()}}
 
 
-def _fits(train: Split, dev: Split, test: Split | None, ngrams: tuple[int, int]) -> list[dict]:
-    """tf-idf of one n-gram range with logistic regression at every C: dev (and test) accuracy, in CS order."""
+def _fits(train: Split, dev: Split, test: Split | None, ngrams: tuple[int, int], probs: bool = False) -> list[dict]:
+    """tf-idf of one n-gram range with logistic regression at every C: dev (and test) accuracy, in CS order; with
+    `probs`, also the classifier's labels and each split's probability of each of them."""
     text = require("sklearn.feature_extraction.text", "the tf-idf baseline")
     linear = require("sklearn.linear_model", "the tf-idf baseline")
     from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
@@ -47,6 +48,10 @@ def _fits(train: Split, dev: Split, test: Split | None, ngrams: tuple[int, int])
             fit = {"dev": clf.score(x_dev, dev[1]), "ngrams": list(ngrams), "C": c}
             if test is not None:
                 fit["test"] = clf.score(x_test, test[1])
+            if probs:
+                fit["labels"] = [str(c) for c in clf.classes_]
+                splits = {"dev": x_dev} | ({"test": x_test} if test is not None else {})
+                fit["probs"] = {k: clf.predict_proba(x).round(6).tolist() for k, x in splits.items()}
             out.append(fit)
     return out
 
@@ -61,16 +66,18 @@ def classification_baselines(splits: dict[str, Split]) -> dict:
     return many_baselines({"": splits}, workers=1)[""]
 
 
-def many_baselines(sets: dict[str, dict[str, Split]], workers: int | None = None) -> dict[str, dict]:
+def many_baselines(
+    sets: dict[str, dict[str, Split]], workers: int | None = None, probs: bool = False
+) -> dict[str, dict]:
     """classification_baselines of several sets, each (set, n-gram range) fitted in its own process (`workers`, by
     default one per CPU, or none besides this one for sets of SMALL_TRAIN training examples in all); the same results
-    as one set at a time."""
+    as one set at a time. With `probs`, tfidf_lr also holds its labels and its probabilities on dev (and test)."""
     require("sklearn.linear_model", "the tf-idf baseline")
     jobs = [(name, ngrams) for name in sets for ngrams in NGRAMS]
     if workers is None and sum(len(s["train"][0]) for s in sets.values()) <= SMALL_TRAIN:
         workers = 1
     workers = min(len(jobs), workers or os.cpu_count() or 1)
-    args = [(sets[n]["train"], sets[n]["dev"], sets[n].get("test"), ngrams) for n, ngrams in jobs]
+    args = [(sets[n]["train"], sets[n]["dev"], sets[n].get("test"), ngrams, probs) for n, ngrams in jobs]
     if workers <= 1:
         fits = [_fits(*a) for a in args]
     else:  # spawned, not forked: the caller may hold threads (the experiment runner)

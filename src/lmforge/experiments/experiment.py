@@ -82,8 +82,9 @@ def cmd_experiment(
             print(shlex.join(arm_command(first)))  # pasteable: a template's spaces stay in one argument
         for e in exp.ensembles:
             groups = " | ".join(map(str, exp.seed_groups(e)))
-            print(f"ensemble {e.name}: {e.arm}'s fine-tunes of seeds {groups}, the "
-                  "label of highest mean probability, formed when the report is written")  # fmt: skip
+            stack = " averaged with tf-idf + LR's" if e.tfidf else ""
+            print(f"ensemble {e.name}: {e.arm}'s fine-tunes of seeds {groups}, the label of highest mean "
+                  f"probability{stack}, formed when the report is written")  # fmt: skip
         return {}
     check("an experiment's figures", "matplotlib")  # now, not after the runs
     lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir

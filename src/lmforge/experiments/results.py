@@ -151,7 +151,7 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
         if r.final is not None:
             runs.setdefault(r.arm.info["task"], Path(r.arm.run_dir))
     rows = {key: Row(name, None, seeds=1) for key, name in BASELINES.items()}
-    sets = {task: splits for task, run_dir in runs.items() if (splits := _single_text_classes(run_dir)) is not None}
+    sets = {task: splits for task, run_dir in runs.items() if (splits := single_text_classes(run_dir)) is not None}
     for task, result in many_baselines(sets).items():
         for key, got in result.items():
             for split in ("dev", "test"):
@@ -160,7 +160,7 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
     return [row for row in rows.values() if row.cells]
 
 
-def _single_text_classes(run_dir: Path) -> dict | None:
+def single_text_classes(run_dir: Path) -> dict | None:
     """The splits a classification fine-tune read, as (texts, labels); None for other tasks or text pairs."""
     from lmforge.tasks.config import load_finetune_config
     from lmforge.tasks.data import load_splits

@@ -18,7 +18,7 @@ from lmforge.experiments.claims import Claim, parse_claims
 KEYS = ("description", "base", "out", "seeds", "budget", "pretrain", "finetune", "eval", "claims")
 PRETRAIN_KEYS = ("recipe", "overrides", "arms", "grid", "seeds", "budget")
 FINETUNE_KEYS = ("tasks", "overrides", "arms", "grid", "seeds", "select", "ensembles")
-ENSEMBLE_KEYS = ("name", "arm", "size")
+ENSEMBLE_KEYS = ("name", "arm", "size", "tfidf")
 SELECT_KEYS = ("metric", "held_out", "arms")
 TASK_KEYS = ("name", "recipe", "overrides")
 EVAL_KEYS = ("name", "task", "overrides", "arms")
@@ -68,11 +68,13 @@ class EvalSpec:
 class EnsembleSpec:
     """`finetune.ensembles`: fine-tuning arm `arm`'s seeds taken `size` at a time, in order (seeds 0, 1, 2, then 3,
     4, 5, ...), each group one model that predicts the label of highest mean probability over its runs
-    (experiments/ensembles.py). Its seed j is the j-th group."""
+    (experiments/ensembles.py). Its seed j is the j-th group. With `tfidf`, that mean is averaged with the task's
+    tf-idf + LR probabilities, with equal weight (a size of 1 then stacks each fine-tune on the bag of words)."""
 
     name: str
     arm: str
     size: int
+    tfidf: bool = False
 
 
 @dataclass
@@ -348,11 +350,14 @@ def _ensembles(value: Any, arms: list[str], seeds: list[int]) -> list[EnsembleSp
         if e.get("arm") not in arms:
             raise LMForgeError(f"finetune.ensembles: {name}: arm: expected one of this experiment's fine-tuning arms "
                                f"({', '.join(arms)}), got {e.get('arm')!r}")  # fmt: skip
-        size = e.get("size")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 2 or len(seeds) % size:
-            raise LMForgeError(f"finetune.ensembles: {name}: size: expected an integer ≥ 2 that divides the "
+        tfidf = e.get("tfidf", False)
+        if not isinstance(tfidf, bool):
+            raise LMForgeError(f"finetune.ensembles: {name}: tfidf: expected true or false, got {tfidf!r}")
+        size, least = e.get("size"), 1 if tfidf else 2
+        if isinstance(size, bool) or not isinstance(size, int) or size < least or len(seeds) % size:
+            raise LMForgeError(f"finetune.ensembles: {name}: size: expected an integer ≥ {least} that divides the "
                                f"{len(seeds)} fine-tuning seeds into groups, got {size!r}")  # fmt: skip
-        out.append(EnsembleSpec(name, e["arm"], size))
+        out.append(EnsembleSpec(name, e["arm"], size, tfidf))
     return out
 
 

@@ -147,6 +147,12 @@ preset(
     "encoder-fast-base", F.ROBERTA, vocab_size=50265, d_model=768, n_layers=12, n_heads=12, d_ff=2048,
     max_seq_len=512, **_FAST_ENCODER,
 )  # fmt: skip
+# Its BERT-medium shape (Turc et al. 2019: 8 layers × 512), 26.0M parameters besides the embeddings: for budgets of
+# minutes, where fewer parameters see more tokens (classify-1gpu).
+preset(
+    "encoder-fast-medium", F.ROBERTA, vocab_size=32768, d_model=512, n_layers=8, n_heads=8, d_ff=1408,
+    max_seq_len=512, **_FAST_ENCODER,
+)  # fmt: skip
 preset(
     "encoder-fast-tiny", F.ROBERTA, vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=176, max_seq_len=128,
     **_FAST_ENCODER,
