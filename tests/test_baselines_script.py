@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import baselines  # noqa: E402
 
+import lmforge.eval.baselines as eval_baselines  # noqa: E402
+from lmforge.eval.baselines import _FITTED as fitted  # noqa: E402
 from lmforge.eval.baselines import CS, NGRAMS, _fits, classification_baselines, many_baselines  # noqa: E402
 
 
@@ -66,10 +68,33 @@ def test_sets_fitted_in_parallel_choose_as_one_at_a_time(tmp_path):
     """Noisy sets, so that dev accuracy ties and differs between fits: spawned processes, one per (set, n-gram
     range), give each set the choice its own sequential fit makes (the first fit with the best dev accuracy)."""
     sets = {f"s{k}": baselines.training_prefix(str(_write_set(tmp_path / f"s{k}", flip=0.3, seed=k))) for k in (1, 2)}
+    fitted.clear()
     together = many_baselines(sets, workers=3)
     for name, xy in sets.items():
+        fitted.clear()  # fitted again, one at a time in this process
         assert together[name] == classification_baselines(xy)
         fits = [f for ngrams in NGRAMS for f in _fits(xy["train"], xy["dev"], xy["test"], ngrams)]
         top = max(f["dev"] for f in fits)
-        assert top < 1.0 and together[name]["tfidf_lr"] == next(f for f in fits if f["dev"] == top)
+        best = next(f for f in fits if f["dev"] == top)
+        assert top < 1.0 and together[name]["tfidf_lr"] == {k: best[k] for k in ("dev", "test", "ngrams", "C")}
     assert together["s1"]["tfidf_lr"] != together["s2"]["tfidf_lr"]  # each set got its own fits back
+
+
+def test_a_set_is_fitted_once_per_process_and_its_probabilities_are_the_chosen_fits(tmp_path, monkeypatch):
+    """The report's baseline rows and the ensembles that stack tf-idf ask for the same sets: the second ask reuses the
+    first's fits. With probs, the chosen fit's labels and per-split probabilities come too; they make its choices."""
+    xy = baselines.training_prefix(str(_write_set(tmp_path / "s", flip=0.3, seed=1)))
+    calls = []
+    real = eval_baselines._fits
+    monkeypatch.setattr(eval_baselines, "_fits", lambda *a: calls.append(a[3]) or real(*a))
+    fitted.clear()
+    first = many_baselines({"s": xy}, workers=1, probs=True)["s"]
+    assert calls == list(NGRAMS)
+    again = many_baselines({"t": xy}, workers=1)["t"]
+    assert calls == list(NGRAMS) and again["majority"] == first["majority"]
+    assert again["tfidf_lr"] == {k: first["tfidf_lr"][k] for k in ("dev", "test", "ngrams", "C")}
+    fit = first["tfidf_lr"]
+    for split in ("dev", "test"):
+        texts, gold = xy[split]
+        chosen = [fit["labels"][max(range(len(p)), key=p.__getitem__)] for p in fit["probs"][split]]
+        assert len(chosen) == len(texts) and sum(a == b for a, b in zip(chosen, gold)) / len(gold) == fit[split]

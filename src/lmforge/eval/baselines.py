@@ -6,6 +6,8 @@ one per (set, n-gram range), unless they are small enough that this process fits
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import os
 from collections import Counter
@@ -24,6 +26,10 @@ first imports scikit-learn (~1.5 s), and on 2 CPU cores four sets of 64 training
 Split = tuple[Sequence[str], Sequence[str]]
 """(texts, labels) of one split."""
 
+_FITTED: dict[str, dict] = {}
+"""many_baselines' result for each set fitted in this process, by the set's content, probabilities included: an
+experiment's report and its ensembles that stack tf-idf (experiments/ensembles.py) fit each set once."""
+
 
 def majority(train: Split, evals: dict[str, Split]) -> dict:
     """Accuracy on each eval split of always answering the training split's most frequent label."""
@@ -31,9 +37,9 @@ def majority(train: Split, evals: dict[str, Split]) -> dict:
     return {"label": top, **{k: sum(y == top for y in s[1]) / max(1, len(s[1])) for k, s in evals.items()}}
 
 
-def _fits(train: Split, dev: Split, test: Split | None, ngrams: tuple[int, int], probs: bool = False) -> list[dict]:
-    """tf-idf of one n-gram range with logistic regression at every C: dev (and test) accuracy, in CS order; with
-    `probs`, also the classifier's labels and each split's probability of each of them."""
+def _fits(train: Split, dev: Split, test: Split | None, ngrams: tuple[int, int]) -> list[dict]:
+    """tf-idf of one n-gram range with logistic regression at every C: dev (and test) accuracy, the classifier's
+    labels and each split's probability of each of them, in CS order."""
     text = require("sklearn.feature_extraction.text", "the tf-idf baseline")
     linear = require("sklearn.linear_model", "the tf-idf baseline")
     from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
@@ -48,10 +54,9 @@ def _fits(train: Split, dev: Split, test: Split | None, ngrams: tuple[int, int],
             fit = {"dev": clf.score(x_dev, dev[1]), "ngrams": list(ngrams), "C": c}
             if test is not None:
                 fit["test"] = clf.score(x_test, test[1])
-            if probs:
-                fit["labels"] = [str(c) for c in clf.classes_]
-                splits = {"dev": x_dev} | ({"test": x_test} if test is not None else {})
-                fit["probs"] = {k: clf.predict_proba(x).round(6).tolist() for k, x in splits.items()}
+            fit["labels"] = [str(c) for c in clf.classes_]
+            splits = {"dev": x_dev} | ({"test": x_test} if test is not None else {})
+            fit["probs"] = {k: clf.predict_proba(x).round(6).tolist() for k, x in splits.items()}
             out.append(fit)
     return out
 
@@ -73,19 +78,25 @@ def many_baselines(
     default one per CPU, or none besides this one for sets of SMALL_TRAIN training examples in all); the same results
     as one set at a time. With `probs`, tfidf_lr also holds its labels and its probabilities on dev (and test)."""
     require("sklearn.linear_model", "the tf-idf baseline")
-    jobs = [(name, ngrams) for name in sets for ngrams in NGRAMS]
-    if workers is None and sum(len(s["train"][0]) for s in sets.values()) <= SMALL_TRAIN:
+    keys = {name: hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest() for name, s in sets.items()}
+    todo = {name: splits for name, splits in sets.items() if keys[name] not in _FITTED}
+    jobs = [(name, ngrams) for name in todo for ngrams in NGRAMS]
+    if workers is None and sum(len(s["train"][0]) for s in todo.values()) <= SMALL_TRAIN:
         workers = 1
     workers = min(len(jobs), workers or os.cpu_count() or 1)
-    args = [(sets[n]["train"], sets[n]["dev"], sets[n].get("test"), ngrams, probs) for n, ngrams in jobs]
+    args = [(todo[n]["train"], todo[n]["dev"], todo[n].get("test"), ngrams) for n, ngrams in jobs]
     if workers <= 1:
         fits = [_fits(*a) for a in args]
     else:  # spawned, not forked: the caller may hold threads (the experiment runner)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             fits = list(pool.map(_fits, *zip(*args, strict=True)))
-    out = {}
-    for name, splits in sets.items():
+    for name, splits in todo.items():
         evals = {k: splits[k] for k in ("dev", "test") if k in splits}
         mine = [f for (n, _), got in zip(jobs, fits, strict=True) if n == name for f in got]
-        out[name] = {"majority": majority(splits["train"], evals), "tfidf_lr": _best(mine)}
+        _FITTED[keys[name]] = {"majority": majority(splits["train"], evals), "tfidf_lr": _best(mine)}
+    out = {}
+    for name in sets:
+        got = _FITTED[keys[name]]
+        tfidf = got["tfidf_lr"] if probs else {k: v for k, v in got["tfidf_lr"].items() if k not in ("labels", "probs")}
+        out[name] = {"majority": dict(got["majority"]), "tfidf_lr": dict(tfidf)}
     return out

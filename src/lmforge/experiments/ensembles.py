@@ -27,6 +27,8 @@ def ensemble_results(exp: Experiment, results: list[ArmResult]) -> list[ArmResul
     """One result per ensemble, task and group of seeds whose member runs were part of this invocation: finished
     with its scores when every member finished, else failed with the reason (in its arm.log too)."""
     runs = {(r.arm.info["task"], r.arm.info["arm"], r.arm.info["seed"]): r for r in of_stage(results, "finetune")}
+    stacked = {e.arm for e in exp.ensembles if e.tfidf}
+    _fit_together({t: Path(r.arm.run_dir) for (t, a, _), r in runs.items() if a in stacked and r.final is not None})
     tfidf = _TfidfCache()
     out = []
     for ens in exp.ensembles:
@@ -46,6 +48,18 @@ class _TfidfCache(dict):
         if task not in self:
             self[task] = tfidf_predictions(run_dir)
         return self[task]
+
+
+def _fit_together(run_dirs: dict[str, Path]) -> None:
+    """Fit tf-idf + LR on every task's splits (one run dir of each) at once, in parallel processes, so that
+    tfidf_predictions and the report's baseline rows find them fitted; tasks it cannot fit are left to them."""
+    from lmforge import extras
+    from lmforge.eval.baselines import many_baselines
+    from lmforge.experiments.results import single_text_classes
+
+    if run_dirs and extras.available("sklearn"):
+        sets = {task: splits for task, d in run_dirs.items() if (splits := single_text_classes(d)) is not None}
+        many_baselines(sets)
 
 
 def tfidf_predictions(run_dir: Path) -> dict:
