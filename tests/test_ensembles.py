@@ -11,9 +11,10 @@ from lmforge.config import RECIPES_DIR
 from lmforge.errors import LMForgeError
 from lmforge.eval.baselines import many_baselines
 from lmforge.experiments.arms import Arm, ArmResult
-from lmforge.experiments.ensembles import combine, ensemble_results, spread, tfidf_predictions
-from lmforge.experiments.results import render, single_text_classes, summary_json
+from lmforge.experiments.ensembles import combine, ensemble_results, spread
+from lmforge.experiments.results import render, summary_json
 from lmforge.experiments.spec import ArmSpec, EnsembleSpec, Experiment, FinetuneTask, Selection
+from lmforge.experiments.tfidf import single_text_classes, tfidf_predictions
 
 GOLD = [0, 1, 1, 0]
 

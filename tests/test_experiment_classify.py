@@ -113,7 +113,7 @@ def test_classify_decoder_tiny_fine_tunes_a_decoder_and_an_encoder_each_in_its_o
 def test_classify_1gpu_tiny_builds_its_own_data_and_stacks_each_fine_tune_on_tfidf(tmp_path, monkeypatch):
     """classify-1gpu at CPU size: one command from fetched text to the report — the tokenizer and the decontaminated
     corpus built by the run, one fine-tune per set and its stack on tf-idf + LR, hedge chosen on the other sets."""
-    from lmforge.experiments.ensembles import tfidf_predictions
+    from lmforge.experiments.tfidf import tfidf_predictions
 
     out = tmp_path / "exp"
     data = run_experiment(tmp_path, "classify-1gpu-tiny")

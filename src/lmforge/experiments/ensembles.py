@@ -19,6 +19,7 @@ from pathlib import Path
 from lmforge.errors import LMForgeError
 from lmforge.experiments.arms import LOG_FILE, Arm, ArmResult, of_stage
 from lmforge.experiments.spec import EnsembleSpec, Experiment
+from lmforge.experiments.tfidf import fit_together, tfidf_predictions
 from lmforge.files import loads_json, write_atomic
 from lmforge.finetuning.run import PREDICTIONS
 
@@ -28,7 +29,7 @@ def ensemble_results(exp: Experiment, results: list[ArmResult]) -> list[ArmResul
     with its scores when every member finished, else failed with the reason (in its arm.log too)."""
     runs = {(r.arm.info["task"], r.arm.info["arm"], r.arm.info["seed"]): r for r in of_stage(results, "finetune")}
     stacked = {e.arm for e in exp.ensembles if e.tfidf}
-    _fit_together({t: Path(r.arm.run_dir) for (t, a, _), r in runs.items() if a in stacked and r.final is not None})
+    fit_together({t: Path(r.arm.run_dir) for (t, a, _), r in runs.items() if a in stacked and r.final is not None})
     tfidf = _TfidfCache()
     out = []
     for ens in exp.ensembles:
@@ -48,40 +49,6 @@ class _TfidfCache(dict):
         if task not in self:
             self[task] = tfidf_predictions(run_dir)
         return self[task]
-
-
-def _fit_together(run_dirs: dict[str, Path]) -> None:
-    """Fit tf-idf + LR on every task's splits (one run dir of each) at once, in parallel processes, so that
-    tfidf_predictions and the report's baseline rows find them fitted; tasks it cannot fit are left to them."""
-    from lmforge import extras
-    from lmforge.eval.baselines import many_baselines
-    from lmforge.experiments.results import single_text_classes
-
-    if run_dirs and extras.available("sklearn"):
-        sets = {task: splits for task, d in run_dirs.items() if (splits := single_text_classes(d)) is not None}
-        many_baselines(sets)
-
-
-def tfidf_predictions(run_dir: Path) -> dict:
-    """The predictions of tf-idf + logistic regression (eval/baselines.py; n-gram range and C chosen on dev) on the
-    splits the fine-tune in `run_dir` read, in its predictions.json's form: labels, and per split the gold label
-    indices and each example's probabilities, in the splits' order."""
-    from lmforge import extras
-    from lmforge.eval.baselines import many_baselines
-    from lmforge.experiments.results import single_text_classes
-
-    extras.check("a tf-idf ensemble", "sklearn")
-    splits = single_text_classes(run_dir)
-    if splits is None:
-        raise LMForgeError(f"{run_dir}: a tf-idf ensemble needs a classification task of single texts")
-    fit = many_baselines({"": splits}, probs=True)[""]["tfidf_lr"]
-    labels = fit["labels"]
-    out: dict = {"labels": labels}
-    for split, probs in fit["probs"].items():
-        if any(y not in labels for y in splits[split][1]):
-            raise LMForgeError(f"{run_dir}: {split} has a label that its training split lacks")
-        out[split] = {"gold": [labels.index(y) for y in splits[split][1]], "probs": probs}
-    return out
 
 
 def _group(

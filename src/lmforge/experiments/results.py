@@ -143,6 +143,7 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
     training examples its runs used; none without scikit-learn (the `eval` extra)."""
     from lmforge import extras
     from lmforge.eval.baselines import many_baselines
+    from lmforge.experiments.tfidf import single_text_classes
 
     if not extras.available("sklearn"):
         return []
@@ -158,21 +159,6 @@ def baseline_rows(results: list[ArmResult]) -> list[Row]:
                 if split in got:
                     rows[key].cells[f"{task} {split} accuracy"] = [100 * got[split]]
     return [row for row in rows.values() if row.cells]
-
-
-def single_text_classes(run_dir: Path) -> dict | None:
-    """The splits a classification fine-tune read, as (texts, labels); None for other tasks or text pairs."""
-    from lmforge.tasks.config import load_finetune_config
-    from lmforge.tasks.data import load_splits
-
-    cfg = load_finetune_config(run_dir / "config.yaml")
-    if cfg.task.type not in ("classification", "text_to_text"):  # the tasks that choose one label per text
-        return None
-    splits = load_splits(cfg.data)
-    examples = [e for ds in splits.values() for e in ds.examples]
-    if "dev" not in splits or any(e.text_pair is not None or not isinstance(e.label, str) for e in examples):
-        return None
-    return {k: ([e.text for e in ds.examples], [e.label for e in ds.examples]) for k, ds in splits.items()}
 
 
 def _short_init(init: str) -> str:

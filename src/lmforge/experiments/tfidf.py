@@ -1,0 +1,56 @@
+"""tf-idf + logistic regression on the splits an experiment's fine-tune read: the report's baseline rows
+(experiments/results.py) and the ensembles that stack it (experiments/ensembles.py) fit it through here, once per
+set and process (eval/baselines.py keeps the fits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmforge.errors import LMForgeError
+
+
+def single_text_classes(run_dir: Path) -> dict | None:
+    """The splits a classification fine-tune read, as (texts, labels); None for other tasks or text pairs."""
+    from lmforge.tasks.config import load_finetune_config
+    from lmforge.tasks.data import load_splits
+
+    cfg = load_finetune_config(run_dir / "config.yaml")
+    if cfg.task.type not in ("classification", "text_to_text"):  # the tasks that choose one label per text
+        return None
+    splits = load_splits(cfg.data)
+    examples = [e for ds in splits.values() for e in ds.examples]
+    if "dev" not in splits or any(e.text_pair is not None or not isinstance(e.label, str) for e in examples):
+        return None
+    return {k: ([e.text for e in ds.examples], [e.label for e in ds.examples]) for k, ds in splits.items()}
+
+
+def fit_together(run_dirs: dict[str, Path]) -> None:
+    """Fit tf-idf + LR on every task's splits (one run dir of each) at once, in parallel processes, so that
+    tfidf_predictions and the report's baseline rows find them fitted; tasks it cannot fit are left to them."""
+    from lmforge import extras
+    from lmforge.eval.baselines import many_baselines
+
+    if run_dirs and extras.available("sklearn"):
+        sets = {task: splits for task, d in run_dirs.items() if (splits := single_text_classes(d)) is not None}
+        many_baselines(sets)
+
+
+def tfidf_predictions(run_dir: Path) -> dict:
+    """The predictions of tf-idf + logistic regression (eval/baselines.py; n-gram range and C chosen on dev) on the
+    splits the fine-tune in `run_dir` read, in its predictions.json's form: labels, and per split the gold label
+    indices and each example's probabilities, in the splits' order."""
+    from lmforge import extras
+    from lmforge.eval.baselines import many_baselines
+
+    extras.check("a tf-idf ensemble", "sklearn")
+    splits = single_text_classes(run_dir)
+    if splits is None:
+        raise LMForgeError(f"{run_dir}: a tf-idf ensemble needs a classification task of single texts")
+    fit = many_baselines({"": splits}, probs=True)[""]["tfidf_lr"]
+    labels = fit["labels"]
+    out: dict = {"labels": labels}
+    for split, probs in fit["probs"].items():
+        if any(y not in labels for y in splits[split][1]):
+            raise LMForgeError(f"{run_dir}: {split} has a label that its training split lacks")
+        out[split] = {"gold": [labels.index(y) for y in splits[split][1]], "probs": probs}
+    return out
