@@ -11,7 +11,8 @@ verdict: *reproduced* when the interval lies above zero, *contradicted* when bel
 smallest difference these seeds could have resolved (the interval's half-width). An arm whose accuracy is within a
 point of the majority class (or of the column's `chance:` level, 50 for BLiMP's pairs) learnt nothing: the claim is
 then *failed arm*, never a data point; so is an arm whose pretraining ended less than `LEARNT` nats below its
-targets' unigram plateau (the report's "below plateau" column), which learnt token frequencies and little more. A
+targets' unigram plateau (the report's "below plateau" column) in any of its seeds, which learnt token frequencies
+and little more: each seed is a data point of the paired difference, so each must have learnt. A
 column where lower is better (a validation loss) takes `lower_is_better: true`."""
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def decide(
     claim: Claim, by_seed: dict[str, dict[int, float]], majority: float | None, unlearnt: dict[str, float] | None = None
 ) -> dict[str, Any]:
     """The verdict of one claim from {arm: {seed: value}} of its column, the majority class's value (or None) and
-    {arm: nats below its plateau} of the arms whose pretraining stayed within `LEARNT` of it."""
+    {arm: nats below its plateau, its least-learnt seed's} of the arms whose pretraining stayed within `LEARNT` of it
+    in a seed."""
     floors = [(v, what) for v, what in ((majority, "the majority class"), (claim.chance, "chance")) if v is not None]
     out: dict[str, Any] = {"claim": claim.name, "better": claim.better, "worse": claim.worse,
                            "column": claim.column, "paper": claim.paper}  # fmt: skip
@@ -150,8 +152,8 @@ def render(decided: list[dict[str, Any]]) -> str:
     return ("\n## Claims\n\nEach claim's difference (the better arm's value − the worse arm's; for a loss, worse − "
             "better) paired by seed, with its 95% confidence interval: reproduced when the interval lies above zero, "
             "contradicted below, unresolved across it. An arm within a point of the majority class, or whose "
-            f"pretraining ended less than {LEARNT:g} nats below its unigram plateau, is a failed arm, not a "
-            "data point.\n\n" + table)  # fmt: skip
+            f"pretraining ended less than {LEARNT:g} nats below its unigram plateau in any seed, is a failed arm, "
+            "not a data point.\n\n" + table)  # fmt: skip
 
 
 def values_by_seed(results: list, column: str) -> dict[str, dict[int, float]]:
@@ -174,7 +176,7 @@ def decide_all(claims: list[Claim], results: list, baselines: list) -> list[dict
     from lmforge.experiments.arms import BELOW_PLATEAU
 
     majority = next((row for row in baselines if row.name == "majority class"), None)
-    below = {arm: statistics.fmean(v.values()) for arm, v in values_by_seed(results, BELOW_PLATEAU).items()}
+    below = {arm: min(v.values()) for arm, v in values_by_seed(results, BELOW_PLATEAU).items()}  # least-learnt seed
     # each report arm's pretraining arm: a fine-tune's init_arm (None from random init), else the arm itself
     pretrained = {r.arm.info["arm"]: r.arm.info.get("init_arm", r.arm.info["arm"]) for r in results}
     unlearnt = {arm: below[p] for arm, p in pretrained.items() if p in below and below[p] < LEARNT}
