@@ -122,6 +122,10 @@ def test_classify_1gpu_tiny_builds_its_own_data_and_stacks_each_fine_tune_on_tfi
     assert [row["arm"] for row in data["rows"]] == arms + ["majority class", "tf-idf + LR"]
     runs = {x["name"]: x["state"] for x in data["runs"]}
     assert len(runs) == 9 and set(runs.values()) == {"finished"}  # 1 pretraining run, 4 fine-tunes, 4 stacks
+    # the invocation's wall time, from its start to its report, holds the pretraining run and the fine-tunes after it
+    seconds = {x["name"]: x["seconds"] for x in data["runs"]}
+    assert data["wall_s"] > seconds["pretrain/pre-s0"] + max(v for k, v in seconds.items() if k.startswith("finetune"))
+    assert f"Wall time: {data['wall_s']:.0f} s" in (out / "classify-1gpu-tiny.md").read_text()
     config = yaml.safe_load((out / "pretrain" / "pre-s0" / "config.yaml").read_text())
     assert config["data"]["decontaminate"] == list(SETS) and "shared" in config["data"]["tokenizer"]
     picks = {p["task"]: p for p in data["chosen"]}

@@ -5,6 +5,7 @@ table and plots). Every run is an ordinary run dir; a rerun skips finished runs 
 from __future__ import annotations
 
 import shlex
+import time
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -87,14 +88,15 @@ def cmd_experiment(
                   f"probability{stack}, formed when the report is written")  # fmt: skip
         return {}
     check("an experiment's figures", "matplotlib")  # now, not after the runs
+    started = time.perf_counter()
     lock = RunLock(exp.out, "experiment dir", "--out")  # one runner per experiment dir
     lock.acquire()
     try:
-        arms = select(plan_experiment(exp), only)
+        arms = select(plan_experiment(exp), only)  # trains the shared tokenizer and prepares the shared corpus
         spread_pretraining(arms, pretrain_procs, devices)
         results = run_arms(arms, jobs=jobs, devices=devices)
         results += ensemble_results(exp, results)
-        paths = write_report(exp, results, budget_text(exp))
+        paths = write_report(exp, results, budget_text(exp), started)
     finally:
         lock.release()
     text = paths[0].read_text(encoding="utf-8")

@@ -184,10 +184,16 @@ def pretrain_facts(results: list[ArmResult]) -> dict[str, dict[str, Any]]:
 
 
 def render(
-    exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = (), spreads: list[dict] = ()
+    exp: Experiment,
+    results: list[ArmResult],
+    budget: str,
+    baselines: list[Row] = (),
+    spreads: list[dict] = (),
+    wall_s: float | None = None,
 ) -> str:
-    """The markdown report: the description, the budget, the results table (with the baselines' rows), the choice on
-    dev and the ensembles over every group of seeds (`ensembles.spread`)."""
+    """The markdown report: the description, the budget (and `wall_s`, the invocation's seconds up to its report),
+    the results table (with the baselines' rows), the choice on dev and the ensembles over every group of seeds
+    (`ensembles.spread`)."""
     rows, columns = build_rows(results)
     rows += baselines
     facts = pretrain_facts(results)
@@ -216,6 +222,10 @@ def render(
                "between arms of one objective)" + ("; below plateau: how far it ends below the unigram plateau of "
                "its targets (`lmforge.eval.plateau`), the loss of knowing token frequencies alone"
                if BELOW_PLATEAU in columns else "") + ".\n")  # fmt: skip
+    if wall_s is not None:
+        out.append(f"Wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min) from this invocation's start to its report: "
+                   "the shared tokenizer and corpus, every run it started and the baselines (runs finished by an "
+                   "earlier invocation are not counted).\n")  # fmt: skip
     out.append(markdown_table(heads, lines, "l" * (len(heads) - len(columns)) + "r" * len(columns)))
     picks = chosen(exp, rows, list(baselines))
     if picks:
@@ -255,7 +265,12 @@ def render_spread(spreads: list[dict]) -> str:
 
 
 def summary_json(
-    exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = (), spreads: list[dict] = ()
+    exp: Experiment,
+    results: list[ArmResult],
+    budget: str,
+    baselines: list[Row] = (),
+    spreads: list[dict] = (),
+    wall_s: float | None = None,
 ) -> dict[str, Any]:
     rows, columns = build_rows(results)
     rows += baselines
@@ -266,7 +281,8 @@ def summary_json(
         return {"mean": m, "std": s, "n": len(values), "values": values}
 
     return {
-        "experiment": str(exp.path), "description": exp.description, "budget": budget, "columns": columns,
+        "experiment": str(exp.path), "description": exp.description, "budget": budget,
+        "wall_s": None if wall_s is None else round(wall_s, 1), "columns": columns,
         "rows": [{"arm": r.name, "init": r.init, "pretrained": r.pretrained, "seeds": r.seeds,
                   "pretraining": facts.get(r.pretrained or ""),
                   "values": {c: stats(v) for c, v in r.cells.items() if v}} for r in rows],
@@ -279,16 +295,20 @@ def summary_json(
     }  # fmt: skip
 
 
-def write_report(exp: Experiment, results: list[ArmResult], budget: str) -> list[Path]:
-    """OUT/NAME.md, OUT/NAME.json, OUT/plots/NAME-loss.png and OUT/plots/NAME-metrics.png."""
+def write_report(exp: Experiment, results: list[ArmResult], budget: str, started: float | None = None) -> list[Path]:
+    """OUT/NAME.md, OUT/NAME.json, OUT/plots/NAME-loss.png and OUT/plots/NAME-metrics.png; `started`: the
+    invocation's time.perf_counter() at its start, for the report's wall time."""
+    import time
+
     from lmforge.experiments.ensembles import spread
     from lmforge.experiments.plots import loss_figure, metrics_figure, save_figure
 
     baselines = baseline_rows(results)
     spreads = spread(exp, results, exp.selection.metric if exp.selection else None)
+    wall = time.perf_counter() - started if started is not None else None
     paths = [
-        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines, spreads)),
-        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines, spreads)),
+        write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines, spreads, wall)),
+        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines, spreads, wall)),
     ]
     x_kind = "tokens" if exp.budget is None else exp.budget.unit.loss_x
     fig = loss_figure(of_stage(results, "pretrain"), x_kind)
