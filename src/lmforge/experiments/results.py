@@ -265,12 +265,7 @@ def render_spread(spreads: list[dict]) -> str:
 
 
 def summary_json(
-    exp: Experiment,
-    results: list[ArmResult],
-    budget: str,
-    baselines: list[Row] = (),
-    spreads: list[dict] = (),
-    wall_s: float | None = None,
+    exp: Experiment, results: list[ArmResult], budget: str, baselines: list[Row] = (), spreads: list[dict] = ()
 ) -> dict[str, Any]:
     rows, columns = build_rows(results)
     rows += baselines
@@ -281,8 +276,7 @@ def summary_json(
         return {"mean": m, "std": s, "n": len(values), "values": values}
 
     return {
-        "experiment": str(exp.path), "description": exp.description, "budget": budget,
-        "wall_s": None if wall_s is None else round(wall_s, 1), "columns": columns,
+        "experiment": str(exp.path), "description": exp.description, "budget": budget, "columns": columns,
         "rows": [{"arm": r.name, "init": r.init, "pretrained": r.pretrained, "seeds": r.seeds,
                   "pretraining": facts.get(r.pretrained or ""),
                   "values": {c: stats(v) for c, v in r.cells.items() if v}} for r in rows],
@@ -306,9 +300,10 @@ def write_report(exp: Experiment, results: list[ArmResult], budget: str, started
     baselines = baseline_rows(results)
     spreads = spread(exp, results, exp.selection.metric if exp.selection else None)
     wall = time.perf_counter() - started if started is not None else None
+    summary = summary_json(exp, results, budget, baselines, spreads) | {"wall_s": wall and round(wall, 1)}
     paths = [
         write_atomic(exp.out / f"{exp.name}.md", render(exp, results, budget, baselines, spreads, wall)),
-        write_json(exp.out / f"{exp.name}.json", summary_json(exp, results, budget, baselines, spreads, wall)),
+        write_json(exp.out / f"{exp.name}.json", summary),
     ]
     x_kind = "tokens" if exp.budget is None else exp.budget.unit.loss_x
     fig = loss_figure(of_stage(results, "pretrain"), x_kind)
