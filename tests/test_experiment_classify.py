@@ -127,7 +127,7 @@ def test_classify_1gpu_tiny_builds_its_own_data_and_stacks_each_fine_tune_on_tfi
     seconds = {x["name"]: x["seconds"] for x in data["runs"]}
     assert data["wall_s"] > seconds["pretrain/pre-s0"] + max(v for k, v in seconds.items() if k.startswith("finetune"))
     shown = re.search(r"Wall time: (\d+) s", (out / "classify-1gpu-tiny.md").read_text())
-    assert shown and abs(int(shown[1]) - data["wall_s"]) <= 0.5  # the JSON keeps a tenth of a second
+    assert shown and abs(int(shown[1]) - data["wall_s"]) <= 0.51  # whole seconds there, tenths in the JSON
     config = yaml.safe_load((out / "pretrain" / "pre-s0" / "config.yaml").read_text())
     assert config["data"]["decontaminate"] == list(SETS) and "shared" in config["data"]["tokenizer"]
     picks = {p["task"]: p for p in data["chosen"]}
