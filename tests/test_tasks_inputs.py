@@ -7,7 +7,17 @@ import torch
 from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.registry import TASKS
-from lmforge.tasks.inputs import GPT_TOKENS, add_task_tokens, collate, make_framer, resize_embeddings, truncate_pair
+from lmforge.tasks.inputs import (
+    GPT_TOKENS,
+    add_task_tokens,
+    batches,
+    collate,
+    eval_batches,
+    feature_length,
+    make_framer,
+    resize_embeddings,
+    truncate_pair,
+)
 
 PREMISE = "It is a truth universally acknowledged"
 HYPOTHESIS = "a single man must be in want of a wife"
@@ -173,3 +183,57 @@ def test_resize_embeddings_draws_new_rows_from_the_embeddings_own_std():
     n = m.config.vocab_size
     resize_embeddings(m, n + 4000)
     assert abs(float(m.tok_emb.weight[n:].detach().std()) - m.config.d_model**-0.5) < 0.005
+
+
+def _padded(chunks: list[list[dict]]) -> int:
+    return sum(len(c) * max(len(f["input_ids"]) for f in c) for c in chunks)
+
+
+def test_length_grouped_batches_keep_every_example_once_and_pad_less():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 200, (1000,), generator=g).tolist()
+    feats = [{"input_ids": [7] * n, "label": i} for i, n in enumerate(lengths)]
+
+    def epoch(seed: int, by_length: bool) -> list[list[dict]]:
+        return list(batches(feats, 8, torch.Generator().manual_seed(seed), by_length))
+
+    plain, grouped = epoch(1, False), epoch(1, True)
+    assert sorted(f["label"] for c in grouped for f in c) == list(range(1000))  # a permutation: each example once
+    assert [len(c) for c in grouped] == [len(c) for c in plain] == [8] * 125
+    assert _padded(grouped) < 0.6 * _padded(plain)  # uniform lengths in 1-199: random batches pad about twice over
+    assert [[f["label"] for f in c] for c in grouped] == [[f["label"] for f in c] for c in epoch(1, True)]
+    other = epoch(2, True)
+    assert [f["label"] for f in other[0]] != [f["label"] for f in grouped[0]]  # the seed shuffles the batches
+    first = [max(len(f["input_ids"]) for f in c) for c in grouped[:20]]
+    assert first != sorted(first, reverse=True)  # the batches are shuffled, not longest first
+
+
+def test_length_grouped_batches_leave_the_short_batch_last():
+    feats = [{"input_ids": [1] * (i % 37 + 1)} for i in range(8 * 60 + 3)]  # more than one pool of 50 batches
+    chunks = list(batches(feats, 8, torch.Generator().manual_seed(0), by_length=True))
+    assert [len(c) for c in chunks] == [8] * 60 + [3]
+
+
+def test_eval_batches_run_longest_first_and_give_every_position_once():
+    feats = [{"input_ids": [1] * n} for n in (3, 9, 1, 9, 4)]
+    out = list(eval_batches(feats, 2))
+    assert [idx for idx, _ in out] == [[1, 3], [4, 0], [2]]
+    assert all(c == [feats[i] for i in idx] for idx, c in out)
+    assert [len(f["input_ids"]) for f in out[0][1]] == [9, 9]
+    assert feature_length({"input_ids": [[1, 2], [3, 4, 5]], "decoder_input_ids": [6, 7]}) == 2 * 3 + 2
+
+
+def test_evaluation_in_length_order_returns_each_example_its_own_prediction():
+    tok = T.tokenizer("bert")
+    cls = TASKS.get("classification")
+    t = cls(cls.Options(), tok, ["negative", "positive"])
+    model = t.build(T.model("bert-tiny", tok)).eval()  # the head's dropout off, as in predict_all
+    base = T.sentiment(12).examples
+    repeated = [Example(text=" ".join([e.text] * (1 + i % 4)), label=e.label, id=e.id) for i, e in enumerate(base)]
+    ds = Dataset(repeated, ["negative", "positive"], "lengths")
+    feats = t.features(ds)
+    assert len({feature_length(f) for f in feats}) > 3  # lengths vary, so the batches' order is not the data's
+    got = t.predict_all(model, ds, batch_size=4, fn=t.probabilities)
+    with torch.no_grad():
+        alone = [t.probabilities(model, collate([f], t.pad_id), [f])[0] for f in feats]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-5, rtol=1e-4)

@@ -104,8 +104,9 @@ def test_text_to_text_ranks_label_words_by_likelihood(family, preset):
 
 def test_text_to_text_generation_scoring_maps_words_and_rejects_others():
     t, m, _ = build("text_to_text", "t5", "t5-tiny", ["0", "1"], label_words=["no", "yes"], scoring="generate")
-    t.generate_batch = lambda model, feats, beams, n: ["yes", " No ", "maybe"][: len(feats)]
     exs = [Example(text="a", label="1"), Example(text="b", label="0"), Example(text="c", label="0")]
+    said = {str(f["input_ids"]): word for f, word in zip(t.features(Dataset(exs)), ["yes", " No ", "maybe"])}
+    t.generate_batch = lambda model, feats, beams, n: [said[str(f["input_ids"])] for f in feats]  # each its own text
     assert t.predict_all(m, Dataset(exs)) == [1, 0, -1]
     assert t.evaluate(m, Dataset(exs)) == {"accuracy": pytest.approx(2 / 3)}
 

@@ -14,7 +14,7 @@ from lmforge.adapt.adamix import symmetric_kl
 from lmforge.data.labelled.examples import Dataset
 from lmforge.errors import LMForgeError
 from lmforge.objectives.base import LossOutput
-from lmforge.tasks.inputs import Format, add_task_tokens, batches, collate, make_framer, resolve_format
+from lmforge.tasks.inputs import Format, add_task_tokens, collate, eval_batches, make_framer, resolve_format
 from lmforge.tasks.model import TaskModel, TaskOutput
 from lmforge.tasks.scoring import require_metric_packages, score
 
@@ -182,15 +182,16 @@ class Task:
         training = model.training
         model.eval()
         device = next(model.parameters()).device
-        preds: list = []
         from lmforge.progress import progress
 
         feats = self.features(dataset)
+        preds: list = [None] * len(feats)
         try:
             with progress(total=len(feats), desc="evaluating", unit="ex") as bar:
-                for chunk in batches(feats, batch_size):
+                for idx, chunk in eval_batches(feats, batch_size):  # longest first; back in order by position
                     batch = {k: v.to(device) for k, v in collate(chunk, self.pad_id).items()}
-                    preds += fn(model, batch, chunk)
+                    for i, p in zip(idx, fn(model, batch, chunk), strict=True):
+                        preds[i] = p
                     bar.update(len(chunk))
         finally:
             model.train(training)

@@ -106,6 +106,10 @@ class FtTrainConfig(LoopConfig, OptimConfig):
     epochs as reach it (Mosbach et al. 2021: small sets fine-tune stably when trained for more steps). 0 = off;
     ignored when max_steps is set."""
     batch_size: PosInt = 32
+    group_by_length: bool = False
+    """Batch examples of similar length together (each epoch's shuffle sorted by length within pools of 50 batches,
+    the batches shuffled): less padding, so faster on sets whose lengths vary, at some cost to the batches'
+    randomness. Off: the plain shuffle."""
     eval_batch_size: PosInt = 64
     eval_every: PosInt | None = None
     """Evaluate on dev every N steps as well as after each epoch (None = after each epoch only)."""

@@ -196,9 +196,49 @@ def collate(features: list[dict], pad_id: int) -> dict[str, Tensor]:
     return batch
 
 
-def batches(features: list[dict], batch_size: int, generator: torch.Generator | None = None):
-    """Lists of features of size batch_size, shuffled by `generator` when given (last one may be smaller)."""
-    order = torch.randperm(len(features), generator=generator).tolist() if generator else range(len(features))
-    order = list(order)
+def batches(features: list[dict], batch_size: int, generator: torch.Generator, by_length: bool = False):
+    """Lists of features of size batch_size (the last may be smaller) in an order shuffled by `generator`;
+    `by_length`: batches of similar length, as `length_grouped` regroups the shuffle."""
+    order = torch.randperm(len(features), generator=generator).tolist()
+    if by_length:
+        order = length_grouped(order, [feature_length(f) for f in features], batch_size, generator)
     for i in range(0, len(order), batch_size):
         yield [features[j] for j in order[i : i + batch_size]]
+
+
+LENGTH_POOL = 50
+"""Batches per pool that `length_grouped` sorts by length."""
+
+
+def length_grouped(order: list[int], lengths: list[int], batch_size: int, generator: torch.Generator) -> list[int]:
+    """A shuffled order regrouped so that each batch holds examples of similar length, and pads little: the order
+    cut into pools of LENGTH_POOL batches, each pool sorted longest first and cut into batches, then the batches
+    (all but a last, short one) shuffled. Each entry of `order` is kept once; batches stay batch_size."""
+    pool = batch_size * LENGTH_POOL
+    cut: list[list[int]] = []
+    for i in range(0, len(order), pool):
+        part = sorted(order[i : i + pool], key=lambda j: -lengths[j])
+        cut += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
+    last = [cut.pop()] if cut and len(cut[-1]) < batch_size else []
+    cut = [cut[k] for k in torch.randperm(len(cut), generator=generator).tolist()] + last
+    return [j for b in cut for j in b]
+
+
+def feature_length(feature: dict) -> int:
+    """Tokens a feature takes in a padded batch: its input (all of a multi-sequence example's rows at their longest)
+    and decoder sequences."""
+    n = 0
+    for key in PAD_KEYS:
+        v = feature.get(key)
+        if v:
+            n += len(v) * max(len(s) for s in v) if isinstance(v[0], list) else len(v)
+    return n
+
+
+def eval_batches(features: list[dict], batch_size: int):
+    """(positions, features) of batches of up to batch_size in order of length, longest first, so that a pass
+    over a split pads little and fails early if memory is short; callers put the results back by position."""
+    order = sorted(range(len(features)), key=lambda j: -feature_length(features[j]))
+    for i in range(0, len(order), batch_size):
+        idx = order[i : i + batch_size]
+        yield idx, [features[j] for j in idx]

@@ -11,7 +11,7 @@ from torch import nn
 from lmforge.data.labelled.examples import Dataset, Example
 from lmforge.errors import LMForgeError
 from lmforge.models import Transformer
-from lmforge.tasks.inputs import batches, collate
+from lmforge.tasks.inputs import collate, eval_batches
 from lmforge.tasks.model import TaskModel
 from lmforge.tasks.sequence import SequenceTask
 
@@ -83,18 +83,18 @@ class Predictor:
         """Classifier labels with their probabilities, regression values, or the chosen answer of each choice set."""
         task, device = self.task, next(self.model.parameters()).device
         feats = task.features(dataset)
-        out: list[dict[str, Any]] = []
-        for chunk in batches(feats, batch_size):
+        out: list[dict[str, Any]] = [{} for _ in feats]
+        for idx, chunk in eval_batches(feats, batch_size):  # longest first; back in order by position
             batch = {k: v.to(device) for k, v in collate(chunk, task.pad_id).items()}
             logits = self.model(batch).logits.float()
             if task.name == "regression":
-                out += [{"prediction": v} for v in logits.squeeze(-1).tolist()]
+                for i, v in zip(idx, logits.squeeze(-1).tolist()):
+                    out[i] = {"prediction": v}
                 continue
-            probs = logits.softmax(-1).tolist()
-            for p in probs:
+            for pos, p in zip(idx, logits.softmax(-1).tolist()):
                 best = max(range(len(p)), key=p.__getitem__)
                 names = task.labels if task.labels else [str(i) for i in range(len(p))]
-                out.append({"prediction": names[best], "scores": {n: v for n, v in zip(names, p)}})
+                out[pos] = {"prediction": names[best], "scores": {n: v for n, v in zip(names, p)}}
         if task.name == "multiple_choice":  # the index of the right answer, and its text
             for o, ex in zip(out, dataset.examples):
                 o["prediction"] = int(o["prediction"])
