@@ -108,8 +108,9 @@ class FtTrainConfig(LoopConfig, OptimConfig):
     batch_size: PosInt = 32
     group_by_length: bool = False
     """Batch examples of similar length together (each epoch's shuffle sorted by length within pools of 50 batches,
-    the batches shuffled): less padding, so faster on sets whose lengths vary, at some cost to the batches'
-    randomness. Off: the plain shuffle."""
+    the batches shuffled): fewer padded tokens where lengths vary, at some cost to the batches' randomness; faster
+    only where a step's arithmetic, not its kernel launches, sets the pace (docs/classify.md). Off: the plain
+    shuffle."""
     eval_batch_size: PosInt = 64
     eval_every: PosInt | None = None
     """Evaluate on dev every N steps as well as after each epoch (None = after each epoch only)."""
