@@ -2,6 +2,7 @@
 runs, chosen on dev beside the arm with one seed per group, and formed from every group for the report's spread."""
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,34 @@ def test_a_tfidf_ensemble_of_size_one_is_a_row_per_seed_and_its_spread_stacks_to
     assert got.final["test"]["accuracy"] == pytest.approx(fit["test"])
     (row,) = spread(exp, results)
     assert row["groups"] == 1 and row["test"] == [pytest.approx(100 * fit["test"])]
+
+
+def test_the_runner_fits_tfidf_while_the_runs_train_and_the_report_reuses_it(tmp_path, monkeypatch):
+    """fit_in_background fits each fine-tuned task's splits (its first arm's config, as its command resolves it) in a
+    thread; the report's fit of the same splits, from the run's saved config, then costs nothing. A task that cannot
+    be fitted (a set that does not exist) leaves the thread quietly: the report raises its error, in one line."""
+    pytest.importorskip("sklearn")
+    import lmforge.eval.baselines as eval_baselines
+    from lmforge.experiments.tfidf import fit_in_background
+
+    calls = []
+    real = eval_baselines._fits
+    monkeypatch.setattr(eval_baselines, "_fits", lambda *a: calls.append(a[3]) or real(*a))
+    eval_baselines._FITTED.clear()
+    over = {"data.max_train": 64, "data.max_eval": 32}
+    arms = [Arm("pretrain/pre-s0", tmp_path / "pre", "encoder-fast", {}),
+            *(Arm(f"finetune/sentiment/a-s{s}", tmp_path / f"a-s{s}", "sst2-bert", over | {"train.lr": 1e-4 * (s + 1)},
+                  info={"task": "sentiment"}, kind="finetune") for s in range(3))]  # fmt: skip
+    thread = fit_in_background(arms)
+    thread.join()
+    assert len(calls) == 3  # one task: its three n-gram ranges, once
+    run = _classify_run(tmp_path)  # the same set and limits, as the fine-tune's saved config
+    got = many_baselines({"sentiment": single_text_classes(run)})["sentiment"]
+    assert len(calls) == 3 and got["tfidf_lr"]["dev"] > 0.5  # found fitted
+    assert fit_in_background(arms[:1]) is None  # nothing fine-tuned: no thread
+    bad = Arm("finetune/x/a-s0", tmp_path / "x", "sst2-bert", {"data.source": "fetched", "data.name": "no-such-set"},
+              info={"task": "x"}, kind="finetune")  # fmt: skip
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    fit_in_background([bad]).join()
+    assert escaped == []  # left to the report, which says what is missing in one line

@@ -65,6 +65,7 @@ def cmd_experiment(
     from lmforge.experiments.ensembles import ensemble_results
     from lmforge.experiments.results import summary_json, write_report
     from lmforge.experiments.runner import check_all_finished, run_arms, spread_pretraining
+    from lmforge.experiments.tfidf import fit_in_background
     from lmforge.extras import check
 
     exp = load_experiment(path, overrides, out)
@@ -94,7 +95,10 @@ def cmd_experiment(
     try:
         arms = select(plan_experiment(exp), only)  # trains the shared tokenizer and prepares the shared corpus
         spread_pretraining(arms, pretrain_procs, devices)
+        fitting = fit_in_background(arms)  # the report's tf-idf baselines, while the runs train
         results = run_arms(arms, jobs=jobs, devices=devices)
+        if fitting is not None:
+            fitting.join()
         results += ensemble_results(exp, results)
         paths = write_report(exp, results, budget_text(exp), started)
     finally:
