@@ -90,14 +90,14 @@ def test_regulariser_is_zero_for_identical_routes_and_positive_otherwise(monkeyp
     _route_with(monkeypatch, itertools.repeat((0, 1)))  # both passes take the same experts everywhere
     same = with_consistency(task)(model, batch)
     assert same.metrics["consistency_loss"] == 0.0
-    base = same.metrics["task_loss"] + task.options.lm_coef * same.metrics["lm_loss"]
+    base = float(same.metrics["task_loss"] + task.options.lm_coef * same.metrics["lm_loss"])
     assert float(same.loss.detach()) == pytest.approx(base, abs=1e-6)
     # First pass (0, 1), second pass (2, 0) at every site: other routes, other outputs.
     _route_with(monkeypatch, [(0, 1)] * n_sites + [(2, 0)] * n_sites)
     other = with_consistency(task)(model, batch)
     assert other.metrics["consistency_loss"] > 1e-4
     assert other.metrics["task_loss"] == same.metrics["task_loss"]  # the task loss is the first pass's
-    want = base + 1.0 * other.metrics["consistency_loss"]
+    want = base + 1.0 * float(other.metrics["consistency_loss"])
     assert float(other.loss.detach()) == pytest.approx(want, rel=1e-5)
 
 
@@ -108,8 +108,8 @@ def test_regulariser_weight_passes_and_modes():
     torch.manual_seed(0)
     out = with_consistency(task)(model, batch)
     assert len(calls) == 2 and out.metrics["consistency_loss"] > 0  # random routes differ (3 x 3 pairs)
-    base = out.metrics["task_loss"] + task.options.lm_coef * out.metrics["lm_loss"]
-    assert float(out.loss.detach()) == pytest.approx(base + 2.5 * out.metrics["consistency_loss"], rel=1e-5)
+    base = float(out.metrics["task_loss"] + task.options.lm_coef * out.metrics["lm_loss"])
+    assert float(out.loss.detach()) == pytest.approx(base + 2.5 * float(out.metrics["consistency_loss"]), rel=1e-5)
     calls.clear()
     model.eval()  # evaluation: one pass, no regulariser
     assert "consistency_loss" not in with_consistency(task)(model, batch).metrics and len(calls) == 1
@@ -249,5 +249,5 @@ def test_the_regulariser_wraps_generation_and_tagging_tasks(task_type, monkeypat
     assert "consistency_loss" not in plain.metrics
     out = with_consistency(task)(model, batch)
     assert out.metrics["consistency_loss"] > 1e-5 and out.metrics["task_loss"] == plain.metrics["task_loss"]
-    want = float(plain.loss.detach()) + 2.0 * out.metrics["consistency_loss"]
+    want = float(plain.loss.detach()) + 2.0 * float(out.metrics["consistency_loss"])
     assert float(out.loss.detach()) == pytest.approx(want, rel=1e-5)

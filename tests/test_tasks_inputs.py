@@ -10,10 +10,10 @@ from lmforge.registry import TASKS
 from lmforge.tasks.inputs import (
     GPT_TOKENS,
     add_task_tokens,
-    batches,
     collate,
     eval_batches,
     feature_length,
+    length_grouped,
     make_framer,
     resize_embeddings,
     truncate_pair,
@@ -185,33 +185,53 @@ def test_resize_embeddings_draws_new_rows_from_the_embeddings_own_std():
     assert abs(float(m.tok_emb.weight[n:].detach().std()) - m.config.d_model**-0.5) < 0.005
 
 
-def _padded(chunks: list[list[dict]]) -> int:
-    return sum(len(c) * max(len(f["input_ids"]) for f in c) for c in chunks)
+def _padded(chunks: list[list[int]], lengths: list[int]) -> int:
+    return sum(len(c) * max(lengths[j] for j in c) for c in chunks)
+
+
+def _cut(order: list[int], size: int) -> list[list[int]]:
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 def test_length_grouped_batches_keep_every_example_once_and_pad_less():
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, 200, (1000,), generator=g).tolist()
-    feats = [{"input_ids": [7] * n, "label": i} for i, n in enumerate(lengths)]
+    lengths = torch.randint(1, 200, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    shuffle = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
 
-    def epoch(seed: int, by_length: bool) -> list[list[dict]]:
-        return list(batches(feats, 8, torch.Generator().manual_seed(seed), by_length))
+    def grouped(seed: int) -> list[list[int]]:
+        return _cut(length_grouped(shuffle, lengths, 8, torch.Generator().manual_seed(seed)), 8)
 
-    plain, grouped = epoch(1, False), epoch(1, True)
-    assert sorted(f["label"] for c in grouped for f in c) == list(range(1000))  # a permutation: each example once
-    assert [len(c) for c in grouped] == [len(c) for c in plain] == [8] * 125
-    assert _padded(grouped) < 0.6 * _padded(plain)  # uniform lengths in 1-199: random batches pad about twice over
-    assert [[f["label"] for f in c] for c in grouped] == [[f["label"] for f in c] for c in epoch(1, True)]
-    other = epoch(2, True)
-    assert [f["label"] for f in other[0]] != [f["label"] for f in grouped[0]]  # the seed shuffles the batches
-    first = [max(len(f["input_ids"]) for f in c) for c in grouped[:20]]
+    plain, mine = _cut(shuffle, 8), grouped(1)
+    assert sorted(j for c in mine for j in c) == list(range(1000))  # a permutation: each example once
+    assert [len(c) for c in mine] == [8] * 125
+    assert _padded(mine, lengths) < 0.6 * _padded(plain, lengths)  # lengths uniform in 1-199: about half the padding
+    assert mine == grouped(1) and grouped(2) != mine  # the generator's seed shuffles the batches
+    first = [max(lengths[j] for j in c) for c in mine[:20]]
     assert first != sorted(first, reverse=True)  # the batches are shuffled, not longest first
 
 
 def test_length_grouped_batches_leave_the_short_batch_last():
-    feats = [{"input_ids": [1] * (i % 37 + 1)} for i in range(8 * 60 + 3)]  # more than one pool of 50 batches
-    chunks = list(batches(feats, 8, torch.Generator().manual_seed(0), by_length=True))
-    assert [len(c) for c in chunks] == [8] * 60 + [3]
+    lengths = [i % 37 + 1 for i in range(8 * 60 + 3)]  # more than one pool of 50 batches
+    order = length_grouped(list(range(len(lengths))), lengths, 8, torch.Generator().manual_seed(0))
+    assert [len(c) for c in _cut(order, 8)] == [8] * 60 + [3]
+
+
+def test_fine_tuning_batches_group_by_length_when_asked_and_resume_alike():
+    from lmforge.finetuning.run import FeatureBatches
+    from lmforge.train.distributed import DistInfo
+
+    one = DistInfo(rank=0, world_size=1, local_rank=0)
+    feats = [{"input_ids": [5] * (1 + (7 * i) % 97), "label": i % 2} for i in range(400)]
+    padded = {}
+    for by_length in (False, True):
+        source = FeatureBatches(feats, 16, one, seed=3, pad_id=0, by_length=by_length)
+        batches = [next(source).data for _ in range(source.per_epoch)]
+        assert source.per_epoch == 25 and sum(len(b["label"]) for b in batches) == 400
+        padded[by_length] = sum(b["input_ids"].numel() for b in batches)
+        state = source.state_dict()
+        again = FeatureBatches(feats, 16, one, seed=3, pad_id=0, by_length=by_length)
+        again.load_state_dict(state)
+        assert torch.equal(next(again).data["input_ids"], next(source).data["input_ids"])  # the next epoch alike
+    assert padded[True] < 0.6 * padded[False]
 
 
 def test_eval_batches_run_longest_first_and_give_every_position_once():
@@ -237,3 +257,18 @@ def test_evaluation_in_length_order_returns_each_example_its_own_prediction():
     with torch.no_grad():
         alone = [t.probabilities(model, collate([f], t.pad_id), [f])[0] for f in feats]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(alone), atol=1e-5, rtol=1e-4)
+
+
+def test_a_training_step_leaves_its_loss_parts_on_the_device():
+    """Reading a loss part on the host (float) at every step would make the host wait for the device each time; the
+    loop reads them on its log steps."""
+    tok = T.tokenizer("gpt")
+    cls = TASKS.get("classification")
+    t = cls(cls.Options(format="gpt", lm_coef=0.5), tok, ["negative", "positive"])
+    model = t.build(T.model("gpt-tiny", tok))
+    feats = t.features(T.sentiment(4), train=True)
+    out = t.loss(model, collate(feats, t.pad_id))
+    assert set(out.metrics) == {"task_loss", "lm_loss"}
+    assert all(isinstance(v, torch.Tensor) and not v.requires_grad for v in out.metrics.values())
+    want = out.metrics["task_loss"] + 0.5 * out.metrics["lm_loss"]
+    torch.testing.assert_close(out.loss.detach(), want)

@@ -111,6 +111,19 @@ def test_text_to_text_generation_scoring_maps_words_and_rejects_others():
     assert t.evaluate(m, Dataset(exs)) == {"accuracy": pytest.approx(2 / 3)}
 
 
+def test_a_text_to_text_training_loss_leaves_its_count_and_parts_on_the_device():
+    """The loss over label tokens: their count and the logged loss stay tensors, so a training step does not wait
+    for the device (the loop reads them when it logs)."""
+    t, m, _ = build("text_to_text", "t5", "t5-tiny", ["0", "1"], label_words=["no", "yes"])
+    exs = [Example(text=SRC, label="1"), Example(text="a short one", label="0")]
+    batch = collate(t.features(Dataset(exs), train=True), t.pad_id)
+    out = t.loss(m, batch)
+    labels = batch["labels"]
+    assert isinstance(out.n_tokens, torch.Tensor) and int(out.n_tokens) == int((labels != -100).sum())
+    assert isinstance(out.metrics["task_loss"], torch.Tensor) and not out.metrics["task_loss"].requires_grad
+    assert float(out.metrics["task_loss"]) == pytest.approx(float(out.loss.detach()))
+
+
 def test_text_to_text_targets_are_label_words():
     t, _, tok = build("text_to_text", "t5", "t5-tiny", ["0", "1"], label_words=["no", "yes"])
     [f] = t.features(Dataset([Example(text=SRC, label="1")]), train=True)

@@ -155,7 +155,7 @@ def with_consistency(task) -> Callable[[nn.Module, dict[str, Tensor]], LossOutpu
         if weight == 0:
             return first
         divergence = task.divergence(outputs, task.outputs(model, batch), batch)
-        first.metrics["consistency_loss"] = float(divergence.detach())
+        first.metrics["consistency_loss"] = divergence.detach()  # read on the loop's log steps, like the others
         return LossOutput(first.loss + weight * divergence, first.n_tokens, first.metrics)
 
     return loss

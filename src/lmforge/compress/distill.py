@@ -73,20 +73,20 @@ def distillation_loss(
     student_hidden: Tensor | None = None,
     teacher_hidden: Tensor | None = None,
     hidden_mask: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """soft · T²·KL + hard · CE(labels; -100 ignored) + hidden · hidden-state loss → (loss, parts)."""
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """soft · T²·KL + hard · CE(labels; -100 ignored) + hidden · hidden-state loss → (loss, parts, detached)."""
     w = weights or DistillWeights()
     soft = soft_target_loss(student_logits, teacher_logits.detach(), w.temperature)
     loss = w.soft * soft
-    parts = {"soft_loss": float(soft.detach())}
+    parts = {"soft_loss": soft.detach()}  # on the device: the training loop reads them when it logs
     if w.hard and labels is not None:
         hard = F.cross_entropy(student_logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100)
         loss = loss + w.hard * hard
-        parts["hard_loss"] = float(hard.detach())
+        parts["hard_loss"] = hard.detach()
     if w.hidden and student_hidden is not None and teacher_hidden is not None:
         hid = hidden_state_loss(student_hidden, teacher_hidden.detach(), w.hidden_kind, hidden_mask)
         loss = loss + w.hidden * hid
-        parts["hidden_loss"] = float(hid.detach())
+        parts["hidden_loss"] = hid.detach()
     return loss, parts
 
 

@@ -191,11 +191,7 @@ def intermediate_loss(teacher: nn.Module, opts):
         hidn = sum(hidden_loss(s.states[m], t.states[g[m]], model.proj_h) for m in range(1, len(g)))
         attn = sum(attention_loss(s.scores[m - 1], t.scores[g[m] - 1]) for m in range(1, len(g)))
         loss = opts.embedding * embd + opts.hidden * hidn + opts.attention * attn
-        parts = {
-            "embd_loss": float(embd.detach()),
-            "hidn_loss": float(hidn.detach()),
-            "attn_loss": float(attn.detach()),
-        }
+        parts = {"embd_loss": embd.detach(), "hidn_loss": hidn.detach(), "attn_loss": attn.detach()}  # read when logged
         return LossOutput(loss, len(batch["input_ids"]), parts)
 
     return loss_fn
@@ -216,10 +212,10 @@ def prediction_stage_loss(teacher: nn.Module, task, d):
         if not isinstance(s.logits, Tensor) or label is None or label.dtype != torch.long:
             raise LMForgeError(f"distillation needs a classification-style task, got '{task.name}'")
         pred = prediction_loss(s.logits, t.logits, d.temperature)
-        loss, parts = d.soft * pred, {"pred_loss": float(pred.detach())}
+        loss, parts = d.soft * pred, {"pred_loss": pred.detach()}
         if d.hard:
             hard = F.cross_entropy(s.logits.float(), label, ignore_index=-100)
-            loss, parts["hard_loss"] = loss + d.hard * hard, float(hard.detach())
+            loss, parts["hard_loss"] = loss + d.hard * hard, hard.detach()
         return LossOutput(loss, len(label), parts)
 
     return loss_fn

@@ -29,7 +29,7 @@ from lmforge.models.init import reinit_top_blocks
 from lmforge.progress import status
 from lmforge.tasks.backbone import checkpoint_config, task_token_rows
 from lmforge.tasks.config import FinetuneConfig, finetune_to_dict
-from lmforge.tasks.inputs import batches, collate, feature_length, length_grouped
+from lmforge.tasks.inputs import collate, feature_length, length_grouped
 from lmforge.tasks.mixing import MixtureSampler
 from lmforge.tasks.model import set_dropout
 from lmforge.tasks.multi_task import load_task_splits, train_sampler
@@ -47,15 +47,16 @@ FROZEN = ("model", "task", "data", "peft")
 
 class FeatureBatches:
     """Epochs of a seeded shuffle of the training features cut into global batches (a multi-task run's `sampler`
-    draws each epoch's features by its mixing rates instead; `by_length` groups them into batches of similar length,
-    `tasks/inputs.py` `length_grouped`); this rank takes every world_size-th example of each,
-    weighted by its share (a rank left without examples in a short last batch runs one example at weight 0, so
-    DDP's collective still sees every rank)."""
+    draws each epoch's features by its mixing rates instead; `by_length` then groups them into batches of similar
+    length, `tasks/inputs.py` `length_grouped`); this rank takes every world_size-th example of each, weighted by its
+    share (a rank left without examples in a short last batch runs one example at weight 0, so DDP's collective still
+    sees every rank)."""
 
     def __init__(self, features: list[dict], global_batch: int, dist: DistInfo, seed: int, pad_id: int,
                  sampler: MixtureSampler | None = None, by_length: bool = False) -> None:  # fmt: skip
-        self.features, self.global_batch, self.dist, self.by_length = features, global_batch, dist, by_length
+        self.features, self.global_batch, self.dist = features, global_batch, dist
         self.seed, self.pad_id, self.sampler = seed, pad_id, sampler
+        self.lengths = [feature_length(f) for f in features] if by_length else None
         self.per_epoch = math.ceil((sampler.epoch_size if sampler else len(features)) / global_batch)
         self.epoch = self.index = 0
         self._chunks: list[list[dict]] | None = None
@@ -64,12 +65,13 @@ class FeatureBatches:
         if self._chunks is None:
             gen = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
             if self.sampler is None:
-                self._chunks = list(batches(self.features, self.global_batch, gen, self.by_length))
+                order = torch.randperm(len(self.features), generator=gen).tolist()
             else:
-                order, size = self.sampler.indices(gen), self.global_batch
-                if self.by_length:
-                    order = length_grouped(order, [feature_length(f) for f in self.features], size, gen)
-                self._chunks = [[self.features[j] for j in order[i : i + size]] for i in range(0, len(order), size)]
+                order = self.sampler.indices(gen)
+            size = self.global_batch
+            if self.lengths is not None:
+                order = length_grouped(order, self.lengths, size, gen)
+            self._chunks = [[self.features[j] for j in order[i : i + size]] for i in range(0, len(order), size)]
         chunk = self._chunks[self.index]
         self.index += 1
         if self.index == self.per_epoch:

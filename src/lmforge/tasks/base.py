@@ -207,13 +207,14 @@ class Task:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
     def with_aux(self, task_loss: Tensor, model: TaskModel, out: TaskOutput, batch: dict[str, Tensor]) -> LossOutput:
-        """L3 = L2 + λ·L1 (GPT-1 §3.3); the parts are reported as metrics."""
+        """L3 = L2 + λ·L1 (GPT-1 §3.3); the parts are reported as metrics, left on the device (the loop reads them on
+        its log steps: reading them every step would make the host wait for the device at each one)."""
         n = batch["input_ids"].shape[0]
-        total, metrics = task_loss, {"task_loss": float(task_loss.detach())}
+        total, metrics = task_loss, {"task_loss": task_loss.detach()}
         lm = self.aux_lm_loss(model, out, batch)
         if lm is not None:
             total = total + self.options.lm_coef * lm
-            metrics["lm_loss"] = float(lm.detach())
+            metrics["lm_loss"] = lm.detach()
         return LossOutput(total, n, metrics)
 
     # --- two passes compared (AdaMix consistency, Wang et al. 2022 §3.2: adapt.adamix.with_consistency) ---------

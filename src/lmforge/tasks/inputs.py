@@ -196,16 +196,6 @@ def collate(features: list[dict], pad_id: int) -> dict[str, Tensor]:
     return batch
 
 
-def batches(features: list[dict], batch_size: int, generator: torch.Generator, by_length: bool = False):
-    """Lists of features of size batch_size (the last may be smaller) in an order shuffled by `generator`;
-    `by_length`: batches of similar length, as `length_grouped` regroups the shuffle."""
-    order = torch.randperm(len(features), generator=generator).tolist()
-    if by_length:
-        order = length_grouped(order, [feature_length(f) for f in features], batch_size, generator)
-    for i in range(0, len(order), batch_size):
-        yield [features[j] for j in order[i : i + batch_size]]
-
-
 LENGTH_POOL = 50
 """Batches per pool that `length_grouped` sorts by length."""
 

@@ -148,10 +148,10 @@ class Seq2Seq(Task):
     def scored(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[LossOutput, tuple[Tensor, Tensor]]:
         logp, labels = self.target_logprobs(model, batch)
         mask = labels != -100
-        n = int(mask.sum())
+        n = mask.sum()  # a tensor: counting on the host would wait for the device at every step
         picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
-        loss = -picked.sum() / max(n, 1)
-        return LossOutput(loss, n, {"task_loss": float(loss.detach())}), (logp, mask)
+        loss = -picked.sum() / n.clamp(min=1)
+        return LossOutput(loss, n, {"task_loss": loss.detach()}), (logp, mask)
 
     def outputs(self, model: TaskModel, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """One more pass's (next-token log-probabilities (B, T', V), label-token mask (B, T'))."""
