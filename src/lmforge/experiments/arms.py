@@ -214,11 +214,11 @@ STAGES: dict[str, Stage] = {
 """Arm kind → its stage."""
 
 
-def of_stage(results: Iterable[ArmResult], kind: ArmKind) -> list[ArmResult]:
-    """The results of the arms of one kind, in order."""
-    by_kind: dict[str, list[ArmResult]] = {k: [] for k in STAGES}
-    for r in results:
-        by_kind[r.arm.kind].append(r)
+def of_stage(items: Iterable, kind: ArmKind, arm: Callable[[Any], Arm] = lambda r: r.arm) -> list:
+    """The results (or, with `arm=lambda a: a`, the arms) of the arms of one kind, in order."""
+    by_kind: dict[str, list] = {k: [] for k in STAGES}
+    for item in items:
+        by_kind[arm(item).kind].append(item)
     return by_kind[kind]
 
 

@@ -48,11 +48,11 @@ def fit_in_background(arms: list) -> threading.Thread | None:
     rows and the stacks then find them fitted. Join the thread before the report. A task it cannot fit, or a failure
     (a missing set), is left to the report, which says why. None when no arm fine-tunes or scikit-learn is absent."""
     from lmforge import extras
+    from lmforge.experiments.arms import of_stage
 
     firsts: dict[str, object] = {}
-    for arm in arms:
-        if arm.kind == "finetune":
-            firsts.setdefault(arm.info.get("task"), arm)
+    for arm in of_stage(arms, "finetune", arm=lambda a: a):
+        firsts.setdefault(arm.info.get("task"), arm)
     if not firsts or not extras.available("sklearn"):
         return None
     thread = threading.Thread(target=_fit_quietly, args=(list(firsts.items()),), name="tfidf-fits", daemon=True)
