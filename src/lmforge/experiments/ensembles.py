@@ -19,7 +19,7 @@ from pathlib import Path
 from lmforge.errors import LMForgeError
 from lmforge.experiments.arms import LOG_FILE, Arm, ArmResult, of_stage
 from lmforge.experiments.spec import EnsembleSpec, Experiment
-from lmforge.experiments.tfidf import fit_together, tfidf_predictions
+from lmforge.experiments.tfidf import tfidf_predictions
 from lmforge.files import loads_json, write_atomic
 from lmforge.finetuning.run import PREDICTIONS
 
@@ -28,9 +28,7 @@ def ensemble_results(exp: Experiment, results: list[ArmResult]) -> list[ArmResul
     """One result per ensemble, task and group of seeds whose member runs were part of this invocation: finished
     with its scores when every member finished, else failed with the reason (in its arm.log too)."""
     runs = {(r.arm.info["task"], r.arm.info["arm"], r.arm.info["seed"]): r for r in of_stage(results, "finetune")}
-    stacked = {e.arm for e in exp.ensembles if e.tfidf}
-    fit_together({t: Path(r.arm.run_dir) for (t, a, _), r in runs.items() if a in stacked and r.final is not None})
-    tfidf = _TfidfCache()
+    tfidf = _TfidfCache()  # fitted already where the runner's fit_in_background reached the task
     out = []
     for ens in exp.ensembles:
         for task in (t.name for t in exp.tasks):

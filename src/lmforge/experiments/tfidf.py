@@ -31,17 +31,6 @@ def _classes(cfg) -> dict | None:
     return {k: ([e.text for e in ds.examples], [e.label for e in ds.examples]) for k, ds in splits.items()}
 
 
-def fit_together(run_dirs: dict[str, Path]) -> None:
-    """Fit tf-idf + LR on every task's splits (one run dir of each) at once, in parallel processes, so that
-    tfidf_predictions and the report's baseline rows find them fitted; tasks it cannot fit are left to them."""
-    from lmforge import extras
-    from lmforge.eval.baselines import many_baselines
-
-    if run_dirs and extras.available("sklearn"):
-        sets = {task: splits for task, d in run_dirs.items() if (splits := single_text_classes(d)) is not None}
-        many_baselines(sets)
-
-
 def fit_in_background(arms: list) -> threading.Thread | None:
     """Start fitting tf-idf + LR on the splits of every task that `arms` fine-tune (the first arm of each task, its
     config as its command will resolve it), in a thread of this process, while the runs train: the report's baseline
